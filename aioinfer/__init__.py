@@ -1,0 +1,17 @@
+"""aioinfer: an asyncio-native LLM inference engine for Qwen2.5 and Llama models."""
+
+from aioinfer.outputs import CompletionOutput, Logprob, RequestOutput
+from aioinfer.sampling_params import SamplingParams
+
+__version__ = "0.1.0"
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "__version__"]
+
+
+def __getattr__(name: str):
+    # Imported lazily so that `import aioinfer` (and the pure-Python scheduler) does not pull in torch.
+    if name == "LLM":
+        from aioinfer.entrypoints.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'aioinfer' has no attribute {name!r}")

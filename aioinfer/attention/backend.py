@@ -1,0 +1,81 @@
+"""The small interface every attention backend implements, and the factory that picks one.
+
+A backend owns two operations on a paged KV cache laid out as
+``[num_blocks, block_size, num_kv_heads, head_dim]`` (one tensor for keys, one for values):
+writing the step's new K/V through ``slot_mapping`` and attending the step's queries over each
+sequence's context. GPU backends (triton, flash-attn) are imported lazily so that CPU-only installs
+never import triton.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Optional
+
+import torch
+
+from aioinfer.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(ABC):
+    name: str = "abstract"
+
+    @abstractmethod
+    def write_kv(
+        self,
+        key: torch.Tensor,  # [T, Hkv, D]
+        value: torch.Tensor,  # [T, Hkv, D]
+        key_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        value_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        slot_mapping: torch.Tensor,  # [T] int64, slot = block_id * block_size + offset
+    ) -> None:
+        """Store the new tokens' K/V in place."""
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,  # [T, Hq, D]
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Causal attention of each sequence's queries (its last ``query_len`` positions) over its
+        whole context, read from the cache (the new tokens' K/V must already be written).
+        Returns [T, Hq, D] in the query dtype."""
+
+    def forward_no_cache(
+        self,
+        query: torch.Tensor,  # [T, Hq, D]
+        key: torch.Tensor,  # [T, Hkv, D]
+        value: torch.Tensor,  # [T, Hkv, D]
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Prefill-only attention without a cache (profiling / memory-estimate runs): every
+        sequence's context is exactly its query tokens. Backends may override with a faster path."""
+        from aioinfer.attention.torch_backend import dense_causal_attention
+
+        out = torch.empty_like(query)
+        qsl = metadata.query_start_loc_cpu
+        for i in range(metadata.num_seqs):
+            s, e = qsl[i], qsl[i + 1]
+            out[s:e] = dense_causal_attention(query[s:e], key[s:e], value[s:e], scale)
+        return out
+
+
+def get_attention_backend(name: str = "torch", device: Optional[torch.device] = None) -> AttentionBackend:
+    """Return the backend called ``name`` ("torch"; "triton" and "flash_attn" are planned).
+
+    "auto" picks the best one available on ``device``; today that is always "torch".
+    """
+    if name == "auto":
+        name = "torch"
+    if name == "torch":
+        from aioinfer.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend()
+    if name in ("triton", "flash_attn"):
+        # Deliberately lazy: the import of triton / flash_attn belongs inside this branch.
+        raise NotImplementedError(f"attention backend {name!r} is not implemented yet; use 'torch'")
+    raise ValueError(f"unknown attention backend {name!r}; expected one of: auto, torch, triton, flash_attn")

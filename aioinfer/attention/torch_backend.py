@@ -1,0 +1,64 @@
+"""Pure-torch paged attention: the CPU path and the reference the GPU kernels are tested against.
+
+Per sequence it gathers the context K/V through the block table and runs plain causal softmax
+attention in float32. A Python loop over sequences is fine for CPU and for tests; it reads only the
+host copies of the per-sequence lengths, so it never syncs on a device tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aioinfer.attention.backend import AttentionBackend
+from aioinfer.attention.metadata import AttentionMetadata
+
+
+def dense_causal_attention(
+    query: torch.Tensor,  # [L, Hq, D]: the last L positions of the context
+    key: torch.Tensor,  # [S, Hkv, D], S >= L
+    value: torch.Tensor,  # [S, Hkv, D]
+    scale: float,
+) -> torch.Tensor:
+    """Causal GQA attention over a contiguous context, float32 accumulation. Returns [L, Hq, D]."""
+    q_len, num_heads, head_dim = query.shape
+    seq_len, num_kv_heads, _ = key.shape
+    group = num_heads // num_kv_heads
+    # Query head h reads kv head h // group (HF repeat_kv order), so group the query heads per kv head.
+    q = query.to(torch.float32).reshape(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [Hkv, G, L, D]
+    k = key.to(torch.float32).permute(1, 0, 2)  # [Hkv, S, D]
+    v = value.to(torch.float32).permute(1, 0, 2)  # [Hkv, S, D]
+    scores = torch.matmul(q, k.unsqueeze(1).transpose(-1, -2)) * scale  # [Hkv, G, L, S]
+    # Query j sits at absolute position seq_len - q_len + j and sees keys at positions <= that.
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
+    k_pos = torch.arange(seq_len, device=query.device)[None, :]
+    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, v.unsqueeze(1))  # [Hkv, G, L, D]
+    return out.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_dim).to(query.dtype)
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def write_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+        # Flatten (block, offset) into one slot axis: [num_blocks * block_size, Hkv, D] views.
+        num_kv_heads, head_dim = key_cache.shape[-2:]
+        key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
+        value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(value_cache.dtype))
+
+    def forward(self, query, key_cache, value_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+        # query [T, Hq, D] -> [T, Hq, D]
+        block_size, num_kv_heads, head_dim = key_cache.shape[1:]
+        out = torch.empty_like(query)
+        qsl, seq_lens = metadata.query_start_loc_cpu, metadata.seq_lens_cpu
+        for i in range(metadata.num_seqs):
+            start, end = qsl[i], qsl[i + 1]
+            if end == start:
+                continue
+            seq_len = seq_lens[i]
+            num_blocks = -(-seq_len // block_size)
+            blocks = metadata.block_tables[i, :num_blocks].to(torch.long)
+            k = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]  # [S, Hkv, D]
+            v = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+            out[start:end] = dense_causal_attention(query[start:end], k, v, scale)
+        return out

@@ -1,0 +1,89 @@
+"""Engine configuration: nested frozen dataclasses, validated on construction (ValueError names the field)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+_DTYPES = ("auto", "float32", "float16", "bfloat16")
+_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    model: str  # HF folder, .gguf file, or the default model's name
+    dtype: str = "auto"  # auto: float32 on CPU, the checkpoint's half type (bfloat16 default) on CUDA
+    load_format: str = "auto"
+    max_model_len: Optional[int] = None  # tokens; None: the model's max_position_embeddings
+    seed: int = 0  # seeds dummy weights and the draws of unseeded requests
+    tokenizer: Optional[str] = None  # folder of tokenizer files, when not beside the weights
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.model, str) and self.model, "model", self.model, "must be a non-empty string")
+        _check(self.dtype in _DTYPES, "dtype", self.dtype, f"must be one of {_DTYPES}")
+        _check(self.load_format in _LOAD_FORMATS, "load_format", self.load_format, f"must be one of {_LOAD_FORMATS}")
+        _check(self.max_model_len is None or _positive_int(self.max_model_len), "max_model_len",
+               self.max_model_len, "must be a positive integer or None")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block
+    num_kv_blocks: Optional[int] = None  # explicit pool size; None: sized from memory
+    gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the engine may use in all
+    cpu_kv_cache_gib: float = 1.0  # CPU: KV pool size when num_kv_blocks is None
+
+    def __post_init__(self) -> None:
+        _check(_positive_int(self.block_size) and self.block_size <= 1024, "block_size", self.block_size,
+               "must be a positive integer <= 1024")
+        _check(self.num_kv_blocks is None or _positive_int(self.num_kv_blocks), "num_kv_blocks",
+               self.num_kv_blocks, "must be a positive integer or None")
+        _check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", self.gpu_memory_utilization,
+               "must be in (0, 1]")
+        _check(self.cpu_kv_cache_gib > 0, "cpu_kv_cache_gib", self.cpu_kv_cache_gib, "must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256  # requests running at once
+    max_num_batched_tokens: int = 8192  # tokens computed per step (the token budget)
+
+    def __post_init__(self) -> None:
+        _check(_positive_int(self.max_num_seqs), "max_num_seqs", self.max_num_seqs, "must be a positive integer")
+        _check(_positive_int(self.max_num_batched_tokens), "max_num_batched_tokens",
+               self.max_num_batched_tokens, "must be a positive integer")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: str = "auto"  # auto: cuda when available, else cpu
+    attention_backend: str = "auto"
+
+    @classmethod
+    def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineConfig":
+        """Build from flat vLLM-style keyword arguments (``LLM(model=..., block_size=...)``)."""
+        sections = {}
+        for section_cls in (ModelConfig, CacheConfig, SchedulerConfig):
+            names = {f.name for f in fields(section_cls)}
+            sections[section_cls] = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+        top = {k: kwargs.pop(k) for k in list(kwargs) if k in ("device", "attention_backend")}
+        if kwargs:
+            raise TypeError(f"unknown engine options: {sorted(kwargs)}")
+        return cls(
+            model=ModelConfig(model=model, **sections[ModelConfig]),
+            cache=CacheConfig(**sections[CacheConfig]),
+            scheduler=SchedulerConfig(**sections[SchedulerConfig]),
+            **top,
+        )
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _check(ok: bool, name: str, value: object, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} {message}, got {value!r}")

@@ -1,0 +1,76 @@
+"""What the scheduler hands the model runner each step, and what comes back (plain Python data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from aioinfer.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """Sent the first time the runner sees a request; the runner keeps it until the request finishes."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    seed: int  # effective sampling seed
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request_id: str
+    token_ids: list[int]  # the tokens whose KV this step computes, in order
+    start_position: int  # position of token_ids[0] (= computed tokens before this step)
+    block_ids: list[int]  # the request's whole block table after this step's allocation
+    samples: bool  # the grant reaches the end of the known tokens: sample the next one
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    new_requests: list[NewRequestData]
+    finished_request_ids: list[str]  # finished since the last step: the runner drops their state
+    num_scheduled_tokens: int
+    num_preempted: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Log-probabilities for one sampled token, from the raw model logits."""
+
+    sampled_logprob: float
+    sampled_rank: int  # 1 = the most likely token
+    top_token_ids: list[int]  # the top-N, most likely first
+    top_logprobs: list[float]
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    # One entry per scheduled request with ``samples`` set, in scheduling order.
+    sampled_request_ids: list[str]
+    sampled_token_ids: list[int]
+    logprobs: list[Optional[TokenLogprobs]] = field(default_factory=list)  # empty when none asked
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    """A request's news from one step (new tokens and/or its end)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs]  # aligned with new_token_ids when logprobs were asked
+    finish_reason: Optional[str] = None  # "stop" | "length" | "abort" once finished
+    stop_reason: Optional[object] = None  # the stop token id that ended it (stop strings: set later)
+    num_prompt_tokens: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

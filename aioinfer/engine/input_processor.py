@@ -1,0 +1,63 @@
+"""Turns user input (text or token ids, SamplingParams) into scheduler Requests, validating it."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Optional, Sequence, Union
+
+from aioinfer.request import Request
+from aioinfer.sampling_params import SamplingParams
+
+PromptInput = Union[str, Sequence[int]]
+
+
+class InputProcessor:
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, eos_token_ids: tuple[int, ...],
+                 seed: int = 0) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self._seeds = random.Random(seed)  # draws the seeds of requests that did not give one
+
+    def tokenize(self, prompt: PromptInput) -> tuple[Optional[str], list[int]]:
+        """Returns (prompt text or None, prompt token ids); raises ValueError on bad input."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: pass prompts as token id lists")
+            return prompt, list(self.tokenizer.encode(prompt))
+        if isinstance(prompt, (bytes, dict)) or not isinstance(prompt, Sequence):
+            raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        ids = list(prompt)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ValueError("prompt token ids must be integers")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size}), got {bad[:5]}")
+        return None, ids
+
+    def make_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                     priority: int = 0, arrival_time: Optional[float] = None) -> Request:
+        if not prompt_token_ids:
+            raise ValueError("the prompt must contain at least one token")
+        params.validate_for_vocab(self.vocab_size)
+        num_prompt = len(prompt_token_ids)
+        if params.max_tokens is None:
+            max_tokens = self.max_model_len - num_prompt
+            if max_tokens < 1:
+                raise ValueError(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, the prompt "
+                    f"has {num_prompt} tokens, which leaves no room for the completion.")
+        else:
+            max_tokens = params.max_tokens
+        return Request(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling_params=params,
+            max_tokens=max_tokens,
+            eos_token_ids=self.eos_token_ids,
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            priority=priority,
+            seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
+        )

@@ -1,0 +1,142 @@
+"""Turns the core's per-step token news into text deltas and finished outputs.
+
+Runs where the user's results are delivered (the caller's thread offline, the event loop in the
+async engine): incremental detokenization, stop strings, logprob dicts. A stop string ends a
+request here, so the caller must tell the core to finish it (``stopped_by_string``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from aioinfer.core.scheduler_output import EngineCoreOutput, TokenLogprobs
+from aioinfer.engine.text_accumulator import TextAccumulator
+from aioinfer.outputs import CompletionOutput, Logprob, SampleLogprobs
+from aioinfer.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class RequestDelta:
+    """What one request gained in one step (what a streaming consumer receives)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    new_logprobs: Optional[SampleLogprobs]
+    finish_reason: Optional[str] = None
+    stop_reason: object = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0  # total so far
+
+
+@dataclass(slots=True)
+class _State:
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    text: Optional[TextAccumulator]
+    token_ids: list[int] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+    logprobs: Optional[SampleLogprobs] = None
+    cumulative_logprob: Optional[float] = None
+    finish_reason: Optional[str] = None
+    stop_reason: object = None
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._states: dict[str, _State] = {}
+
+    def add_request(self, request_id: str, prompt: Optional[str], prompt_token_ids: list[int],
+                    params: SamplingParams) -> None:
+        text = None
+        if self.tokenizer is not None:
+            text = TextAccumulator(self.tokenizer, prompt_token_ids, params)
+        self._states[request_id] = _State(
+            prompt=prompt, prompt_token_ids=prompt_token_ids, params=params, text=text,
+            logprobs=[] if params.logprobs is not None else None,
+            cumulative_logprob=0.0 if params.logprobs is not None else None,
+        )
+
+    def has(self, request_id: str) -> bool:
+        return request_id in self._states
+
+    def process(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestDelta], list[str]]:
+        """Returns (deltas, ids the core must finish because a stop string matched)."""
+        deltas: list[RequestDelta] = []
+        stopped_by_string: list[str] = []
+        for out in outputs:
+            state = self._states.get(out.request_id)
+            if state is None or state.finish_reason is not None:
+                continue  # steps already in flight after a stop string: drop their tokens
+            state.token_ids.extend(out.new_token_ids)
+            new_logprobs = self._logprobs(state, out.new_token_ids, out.new_logprobs)
+            finish_reason, stop_reason = out.finish_reason, out.stop_reason
+            new_text = ""
+            if state.text is not None:
+                delta = state.text.append(out.new_token_ids)
+                new_text = delta.new_text
+                if delta.stopped and finish_reason is None:
+                    finish_reason, stop_reason = "stop", delta.stop_reason
+                    stopped_by_string.append(out.request_id)
+                elif delta.stopped:
+                    finish_reason, stop_reason = "stop", delta.stop_reason
+                if finish_reason is not None and not delta.stopped:
+                    new_text += state.text.finish()
+            state.pieces.append(new_text)
+            state.finish_reason, state.stop_reason = finish_reason, stop_reason
+            deltas.append(RequestDelta(
+                request_id=out.request_id,
+                new_token_ids=out.new_token_ids,
+                new_text=new_text,
+                new_logprobs=new_logprobs,
+                finish_reason=finish_reason,
+                stop_reason=stop_reason,
+                num_prompt_tokens=len(state.prompt_token_ids),
+                num_output_tokens=len(state.token_ids),
+            ))
+        return deltas, stopped_by_string
+
+    def abort(self, request_id: str) -> Optional[RequestDelta]:
+        """Close a request that ended outside the step loop; returns its final delta if it was open."""
+        state = self._states.get(request_id)
+        if state is None or state.finish_reason is not None:
+            return None
+        state.finish_reason = "abort"
+        return RequestDelta(request_id=request_id, new_token_ids=[], new_text="", new_logprobs=None,
+                            finish_reason="abort", num_prompt_tokens=len(state.prompt_token_ids),
+                            num_output_tokens=len(state.token_ids))
+
+    def completion(self, request_id: str, index: int = 0) -> CompletionOutput:
+        state = self._states[request_id]
+        return CompletionOutput(
+            index=index,
+            text="".join(state.pieces),
+            token_ids=list(state.token_ids),
+            cumulative_logprob=state.cumulative_logprob,
+            logprobs=state.logprobs,
+            finish_reason=state.finish_reason,
+            stop_reason=state.stop_reason,
+        )
+
+    def pop(self, request_id: str) -> None:
+        self._states.pop(request_id, None)
+
+    def _logprobs(self, state: _State, token_ids: list[int], rows: list[TokenLogprobs]) -> Optional[SampleLogprobs]:
+        if state.logprobs is None or not rows:
+            return None
+        new: SampleLogprobs = []
+        for token_id, row in zip(token_ids, rows):
+            entry = {tid: Logprob(lp, rank) for rank, (tid, lp) in
+                     enumerate(zip(row.top_token_ids, row.top_logprobs), start=1)}
+            entry[token_id] = Logprob(row.sampled_logprob, row.sampled_rank)
+            if self.tokenizer is not None:
+                ids = list(entry)
+                for tid, text in zip(ids, self.tokenizer.batch_decode([[t] for t in ids])):
+                    entry[tid].decoded_token = text
+            state.cumulative_logprob += row.sampled_logprob
+            new.append(entry)
+        state.logprobs.extend(new)
+        return new

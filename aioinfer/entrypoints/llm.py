@@ -1,0 +1,153 @@
+"""The offline API, mirroring vLLM's ``LLM``: a common vLLM script runs unchanged."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Optional, Sequence, Union
+
+from aioinfer.config import EngineConfig
+from aioinfer.engine.engine_core import EngineCore
+from aioinfer.engine.input_processor import InputProcessor, PromptInput
+from aioinfer.engine.output_processor import OutputProcessor
+from aioinfer.outputs import RequestOutput
+from aioinfer.request import RequestStatus
+from aioinfer.sampling_params import SamplingParams
+
+_GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+class LLM:
+    """``LLM(model=..., dtype=..., max_model_len=..., block_size=..., num_kv_blocks=..., ...)``.
+
+    Keyword arguments are the fields of ModelConfig, CacheConfig and SchedulerConfig plus
+    ``device`` and ``attention_backend``; unknown ones raise TypeError.
+    """
+
+    def __init__(self, model: Optional[str] = None, **kwargs: Any) -> None:
+        from aioinfer.fetch import DEFAULT_MODEL
+
+        kwargs.pop("trust_remote_code", None)  # accepted for vLLM compatibility; nothing remote runs here
+        self.config = EngineConfig.from_kwargs(model or DEFAULT_MODEL, **kwargs)
+        self.engine = EngineCore(self.config)
+        loaded = self.engine.loaded
+        self.tokenizer = loaded.tokenizer
+        self.inputs = InputProcessor(loaded.tokenizer, loaded.arch.vocab_size, loaded.max_model_len,
+                                     loaded.eos_token_ids, seed=self.config.model.seed)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults, as vLLM does."""
+        defaults = self.engine.loaded.generation_defaults
+        return SamplingParams(**{k: defaults[k] for k in _GENERATION_DEFAULT_KEYS if defaults.get(k) is not None})
+
+    def generate(
+        self,
+        prompts: Union[PromptInput, Sequence[PromptInput]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = True,
+        priority: Optional[Sequence[int]] = None,
+    ) -> list[RequestOutput]:
+        prompt_list = _as_prompt_list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompt_list)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompt_list):
+                raise ValueError(f"got {len(prompt_list)} prompts but {len(params_list)} sampling params")
+        # Validate and tokenize everything before anything is queued: a bad prompt queues nothing.
+        prepared = []
+        for prompt, params in zip(prompt_list, params_list):
+            text, ids = self.inputs.tokenize(prompt)
+            prepared.append((text, ids, params))
+        return self._run(prepared, use_tqdm, priority)
+
+    def chat(
+        self,
+        messages: Union[list[dict], list[list[dict]]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = True,
+        chat_template: Optional[str] = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, through the tokenizer's chat template."""
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer, so no chat template")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.tokenizer.apply_chat_template(conv, tokenize=False, chat_template=chat_template,
+                                                      add_generation_prompt=add_generation_prompt)
+                   for conv in conversations]
+        # The template already holds the special tokens (BOS etc.): tokenize without adding more.
+        token_lists = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        outputs = self.generate(token_lists, sampling_params, use_tqdm=use_tqdm)
+        for output, prompt in zip(outputs, prompts):
+            output.prompt = prompt
+        return outputs
+
+    def _run(self, prepared, use_tqdm: bool, priority: Optional[Sequence[int]]) -> list[RequestOutput]:
+        core, processor = self.engine, OutputProcessor(self.tokenizer)
+        groups: list[tuple[str, Optional[str], list[int], list[str]]] = []
+        try:
+            for i, (text, ids, params) in enumerate(prepared):
+                parent_id = str(next(self._ids))
+                child_ids = []
+                for index in range(params.n):
+                    child_params = params.clone()
+                    child_params.n = 1
+                    if params.seed is not None:
+                        child_params.seed = params.seed + index  # distinct, reproducible samples
+                    child_id = parent_id if params.n == 1 else f"{parent_id}-{index}"
+                    request = self.inputs.make_request(child_id, ids, child_params,
+                                                       priority=priority[i] if priority else 0)
+                    core.add_request(request)
+                    processor.add_request(child_id, text, ids, child_params)
+                    child_ids.append(child_id)
+                groups.append((parent_id, text, ids, child_ids))
+
+            progress = _progress(len(groups), use_tqdm)
+            remaining = {child: parent for parent, _, _, children in groups for child in children}
+            open_children = {parent: len(children) for parent, _, _, children in groups}
+            while core.has_unfinished():
+                deltas, stopped = processor.process(core.step())
+                if stopped:
+                    core.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+                for delta in deltas:
+                    if delta.finish_reason is not None and delta.request_id in remaining:
+                        parent = remaining.pop(delta.request_id)
+                        open_children[parent] -= 1
+                        if open_children[parent] == 0 and progress is not None:
+                            progress.update(1)
+            if progress is not None:
+                progress.close()
+        except BaseException:
+            # Nothing may stay queued or hold KV blocks after a failure or Ctrl-C.
+            core.finish_requests([c for _, _, _, children in groups for c in children])
+            raise
+
+        results = []
+        for parent_id, text, ids, children in groups:
+            outputs = [processor.completion(child, index) for index, child in enumerate(children)]
+            results.append(RequestOutput(request_id=parent_id, prompt=text, prompt_token_ids=ids,
+                                         outputs=outputs, finished=True))
+        return results
+
+
+def _as_prompt_list(prompts) -> list[PromptInput]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+        return [prompts]  # a single token-id list
+    return prompts
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled or total < 2:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)

@@ -1,0 +1,153 @@
+"""The architecture facts a model definition needs, read once from config.json or GGUF metadata.
+
+Both transformers-4 style (``rope_theta`` + ``rope_scaling``) and transformers-5 style
+(``rope_parameters: {rope_theta, rope_type, ...}``) configs land in the same typed record, so model
+code never looks at raw dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+# model_type -> the architecture class name we register it under, for configs without "architectures".
+_MODEL_TYPE_TO_ARCH = {
+    "qwen2": "Qwen2ForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
+
+_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeConfig:
+    """RoPE frequencies: base theta plus the optional scaling recipe (HF ``rope_type`` names)."""
+
+    rope_type: str = "default"  # default | linear | llama3 | yarn
+    theta: float = 10000.0
+    factor: float = 1.0  # linear/llama3/yarn context extension factor
+    partial_rotary_factor: float = 1.0  # fraction of head_dim that rotates
+    original_max_position_embeddings: Optional[int] = None  # tokens; llama3 / yarn
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: Optional[float] = None  # yarn: cos/sin multiplier; None -> derived from factor
+    mscale: Optional[float] = None  # yarn
+    mscale_all_dim: Optional[float] = None  # yarn
+    truncate: bool = True  # yarn: round the correction range to whole dims
+
+    @staticmethod
+    def from_dict(params: dict[str, Any], theta: float, max_position_embeddings: int) -> "RopeConfig":
+        rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+        if rope_type not in _ROPE_TYPES:
+            raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(_ROPE_TYPES)}")
+        orig = params.get("original_max_position_embeddings")
+        if orig is None and rope_type in ("llama3", "yarn"):
+            # transformers' standardize_rope_params does the same fallback.
+            orig = max_position_embeddings
+        return RopeConfig(
+            rope_type=rope_type,
+            theta=float(params.get("rope_theta", theta)),
+            factor=float(params.get("factor", 1.0) or 1.0),
+            partial_rotary_factor=float(params.get("partial_rotary_factor", 1.0) or 1.0),
+            original_max_position_embeddings=int(orig) if orig is not None else None,
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+            beta_fast=float(params.get("beta_fast") or 32.0),
+            beta_slow=float(params.get("beta_slow") or 1.0),
+            attention_factor=params.get("attention_factor"),
+            mscale=params.get("mscale"),
+            mscale_all_dim=params.get("mscale_all_dim"),
+            truncate=bool(params.get("truncate", True)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ArchConfig:
+    """Shape and numerics of a decoder-only model; enough to build it without transformers."""
+
+    architecture: str  # registry key, e.g. "Qwen2ForCausalLM"
+    model_type: str  # "qwen2" | "llama" | "qwen3" | ...
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int  # query heads
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int  # tokens
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # bias on q/k/v projections (Qwen2 always)
+    o_bias: bool = False  # bias on o_proj (Llama attention_bias=True)
+    mlp_bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3)
+    hidden_act: str = "silu"
+    bos_token_id: Optional[int] = None
+    eos_token_ids: tuple[int, ...] = ()
+    dtype: Optional[str] = None  # checkpoint dtype name ("bfloat16"), None when unknown
+
+    @property
+    def rope_theta(self) -> float:
+        return self.rope.theta
+
+    @staticmethod
+    def from_hf_dict(d: dict[str, Any]) -> "ArchConfig":
+        """Build from a parsed config.json (either transformers generation of rope keys)."""
+        model_type = d.get("model_type", "")
+        archs = d.get("architectures") or []
+        architecture = archs[0] if archs else _MODEL_TYPE_TO_ARCH.get(model_type, "")
+        if not architecture:
+            raise ValueError("config.json names neither 'architectures' nor a known 'model_type'")
+        if not model_type:
+            model_type = {v: k for k, v in _MODEL_TYPE_TO_ARCH.items()}.get(architecture, "")
+        hidden = int(d["hidden_size"])
+        num_heads = int(d["num_attention_heads"])
+        num_kv_heads = int(d.get("num_key_value_heads") or num_heads)
+        head_dim = int(d.get("head_dim") or hidden // num_heads)
+        max_pos = int(d.get("max_position_embeddings", 2048))
+
+        # transformers 5 keeps everything under rope_parameters; 4.x split it into rope_theta + rope_scaling.
+        rope_params = dict(d.get("rope_parameters") or {})
+        if not rope_params:
+            rope_params = dict(d.get("rope_scaling") or {})
+        theta = float(rope_params.get("rope_theta", d.get("rope_theta", 10000.0)))
+        if "partial_rotary_factor" in d and "partial_rotary_factor" not in rope_params:
+            rope_params["partial_rotary_factor"] = d["partial_rotary_factor"]
+        if "original_max_position_embeddings" in d:
+            rope_params.setdefault("original_max_position_embeddings", d["original_max_position_embeddings"])
+        rope = RopeConfig.from_dict(rope_params, theta, max_pos)
+
+        is_qwen2 = model_type == "qwen2" or architecture.startswith("Qwen2")
+        attention_bias = bool(d.get("attention_bias", False))
+        eos = d.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        dtype = d.get("dtype", d.get("torch_dtype"))
+        return ArchConfig(
+            architecture=architecture,
+            model_type=model_type,
+            vocab_size=int(d["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(d["intermediate_size"]),
+            num_layers=int(d["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=max_pos,
+            rope=rope,
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            # Qwen2 hard-codes q/k/v bias (and none on o_proj) whatever the config says.
+            qkv_bias=True if is_qwen2 else attention_bias,
+            o_bias=False if is_qwen2 else attention_bias,
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            qk_norm=model_type == "qwen3" or architecture.startswith("Qwen3"),
+            hidden_act=d.get("hidden_act", "silu"),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            dtype=str(dtype) if dtype is not None else None,
+        )

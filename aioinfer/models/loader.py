@@ -1,0 +1,155 @@
+"""Find a checkpoint, read its ArchConfig and generation defaults, and build a loaded model.
+
+The model is built on the meta device, materialised with ``to_empty`` directly in the target
+dtype/device, and filled tensor by tensor from the checkpoint, so peak memory is the model plus one
+tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from aioinfer.attention.backend import AttentionBackend
+from aioinfer.models.arch_config import ArchConfig
+from aioinfer.models.decoder import DecoderForCausalLM
+from aioinfer.models.registry import get_model_class
+
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """Where a model lives: an HF folder (config.json + safetensors) or one GGUF file."""
+
+    kind: str  # "hf" | "gguf"
+    path: Path  # the folder for "hf", the .gguf file for "gguf"
+
+    @property
+    def folder(self) -> Path:
+        """The folder holding tokenizer / generation_config files."""
+        return self.path if self.kind == "hf" else self.path.parent
+
+
+def resolve_model_source(model: str | Path) -> ModelSource:
+    """Classify ``model``: a folder with config.json -> HF; a ``.gguf`` file (or a folder holding exactly
+    one .gguf and no config.json) -> GGUF. Anything else raises FileNotFoundError / ValueError."""
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+        return ModelSource("gguf", path.resolve())
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return ModelSource("hf", path.resolve())
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ModelSource("gguf", ggufs[0].resolve())
+        if len(ggufs) > 1:
+            raise ValueError(f"{path} holds several .gguf files; pass one of them: {[g.name for g in ggufs]}")
+        raise FileNotFoundError(f"{path} is a folder but has no config.json (HF model) and no .gguf file")
+    if path.exists():
+        raise ValueError(f"{path} is neither an HF model folder (with config.json) nor a .gguf file")
+    raise FileNotFoundError(
+        f"model {str(model)!r} not found: expected a local HF folder with config.json or a path to a .gguf file"
+    )
+
+
+def load_arch_config(source: ModelSource) -> ArchConfig:
+    if source.kind == "hf":
+        return ArchConfig.from_hf_dict(json.loads((source.path / "config.json").read_text()))
+    from aioinfer.models.gguf_loader import arch_config_from_gguf, open_gguf
+
+    return arch_config_from_gguf(open_gguf(source.path))
+
+
+def load_generation_defaults(source: ModelSource) -> dict[str, Any]:
+    """Sampling defaults the checkpoint suggests (generation_config.json); {} when there is none.
+
+    Keys present only if set: eos_token_id (list[int]), temperature, top_p, top_k,
+    repetition_penalty, max_new_tokens.
+    """
+    path = source.folder / "generation_config.json"
+    if not path.is_file():
+        return {}
+    raw = json.loads(path.read_text())
+    out: dict[str, Any] = {}
+    eos = raw.get("eos_token_id")
+    if eos is not None:
+        out["eos_token_id"] = [int(e) for e in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
+    for key in ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens"):
+        if raw.get(key) is not None:
+            out[key] = raw[key]
+    return out
+
+
+def _build_empty(cfg: ArchConfig, dtype: torch.dtype, device: torch.device, backend) -> DecoderForCausalLM:
+    cls = get_model_class(cfg.architecture)
+    with torch.device("meta"):
+        model = cls(cfg, backend)
+    model = model.to(dtype=dtype)  # free on meta: only metadata changes
+    model.to_empty(device=device)
+    model.tie_weights()  # to_empty re-creates parameters, which unties them
+    model.reset_buffers()
+    return model.eval()
+
+
+@torch.no_grad()
+def load_model(
+    source: ModelSource | str | Path,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    load_format: str = "auto",
+    attention_backend: Optional[AttentionBackend] = None,
+    seed: int = 0,
+) -> tuple[DecoderForCausalLM, ArchConfig]:
+    """Build the model for ``source`` in ``dtype`` on ``device`` and fill its weights.
+
+    load_format: "auto" (by source kind), "safetensors", "gguf", or "dummy" (random weights from
+    the config alone, deterministic by ``seed``).
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
+    if not isinstance(source, ModelSource):
+        source = resolve_model_source(source)
+    device = torch.device(device)
+    fmt = load_format if load_format != "auto" else ("gguf" if source.kind == "gguf" else "safetensors")
+    if fmt == "safetensors" and source.kind != "hf":
+        raise ValueError(f"load_format 'safetensors' needs an HF folder, got a GGUF file {source.path}")
+    if fmt == "gguf" and source.kind != "gguf":
+        raise ValueError(f"load_format 'gguf' needs a .gguf file, got an HF folder {source.path}")
+
+    reader = None
+    if source.kind == "gguf":
+        from aioinfer.models.gguf_loader import arch_config_from_gguf, open_gguf
+
+        reader = open_gguf(source.path)
+        cfg = arch_config_from_gguf(reader)
+    else:
+        cfg = load_arch_config(source)
+
+    model = _build_empty(cfg, dtype, device, attention_backend)
+    if fmt == "dummy":
+        from aioinfer.models.weight_utils import init_dummy_weights
+
+        init_dummy_weights(model, seed)
+    else:
+        if fmt == "gguf":
+            from aioinfer.models.gguf_loader import iterate_gguf
+
+            weights = iterate_gguf(reader, cfg)
+        else:
+            from aioinfer.models.weight_utils import iterate_safetensors
+
+            weights = iterate_safetensors(source.path)
+        loaded = model.load_weights(weights)
+        expected = {n for n, _ in model.named_parameters()}  # tied lm_head appears once, as the embedding
+        missing = sorted(expected - loaded)
+        if missing:
+            raise ValueError(f"checkpoint {source.path} lacks weights for: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    model.tie_weights()
+    return model, cfg

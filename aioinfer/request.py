@@ -1,0 +1,84 @@
+"""A request's scheduling state (pure Python: the scheduler never imports torch)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+from aioinfer.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2  # back in the waiting queue, its KV dropped (recompute)
+    FINISHED_STOPPED = 3  # EOS, a stop token or a stop string
+    FINISHED_LENGTH = 4  # max_tokens or the model's context length
+    FINISHED_ABORTED = 5
+
+    @property
+    def finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> Optional[str]:
+        """OpenAI's finish_reason for a finished status."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One sequence being generated.
+
+    The scheduling rule is vLLM v1's: ``num_computed_tokens`` catches up with ``num_tokens``
+    (prompt + output so far); a step grants each request some of the difference. A prompt
+    larger than the budget takes several grants (chunked prefill); a request whose computed
+    tokens reach ``num_tokens`` samples one more token.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    max_tokens: int  # resolved: the user's max_tokens or what the context length leaves
+    eos_token_ids: tuple[int, ...] = ()
+    arrival_time: float = 0.0  # seconds (time.monotonic) when the engine accepted it
+    priority: int = 0  # lower runs first (vLLM's convention)
+    seed: int = 0  # effective sampling seed
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_preemptions: int = 0
+    stop_reason: Optional[object] = None  # the stop token id or stop string that ended it
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_ids_slice(self, start: int, end: int) -> list[int]:
+        """Tokens ``start:end`` of prompt + output, without concatenating the whole sequence."""
+        n_prompt = len(self.prompt_token_ids)
+        if end <= n_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt:end - n_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n_prompt]
+
+    @property
+    def finish_reason(self) -> Optional[str]:
+        return self.status.finish_reason

@@ -1,0 +1,112 @@
+"""User-facing sampling options, validated on construction (vLLM's names and defaults)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+_GREEDY_EPSILON = 1e-5  # temperatures below this are treated as greedy, as in vLLM
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How to pick tokens and when to stop. Invalid values raise ``ValueError`` naming the field."""
+
+    n: int = 1  # completions per prompt
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0  # nucleus mass in (0, 1]
+    top_k: int = 0  # 0 or -1: all tokens
+    min_p: float = 0.0  # drop tokens below min_p * p(max), in [0, 1]
+    seed: Optional[int] = None  # per-request seed: same seed, same tokens whatever the batch
+    presence_penalty: float = 0.0  # [-2, 2], subtracted once per token present in the output
+    frequency_penalty: float = 0.0  # [-2, 2], subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # > 0; divides positive / multiplies negative logits of seen tokens
+    logit_bias: Optional[dict[int, float]] = None  # token id -> bias added to its logit, in [-100, 100]
+    stop: Union[str, list[str], None] = None  # stop strings, matched on the decoded text
+    stop_token_ids: Optional[list[int]] = None  # tokens that end the request (beside EOS)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: Optional[int] = 16  # None: up to the model's context length
+    min_tokens: int = 0  # EOS and stop tokens are masked until this many tokens were generated
+    logprobs: Optional[int] = None  # top-N logprobs per generated token (the sampled one always included)
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    # Filled in by the engine from the tokenizer / generation_config; not user-facing.
+    _eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif self.stop is None:
+            self.stop = []
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logit_bias is not None:
+            try:
+                self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}") from exc
+        self._validate()
+        if self.temperature < _GREEDY_EPSILON:
+            # Greedy: the other sampling knobs do not apply.
+            self.temperature = 0.0
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        if self.top_k == -1:
+            self.top_k = 0
+
+    def _validate(self) -> None:
+        def check(ok: bool, name: str, message: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} {message}, got {getattr(self, name)!r}")
+
+        check(_is_int(self.n) and self.n >= 1, "n", "must be an integer >= 1")
+        check(_is_number(self.temperature) and self.temperature >= 0, "temperature", "must be >= 0")
+        check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        check(_is_int(self.top_k) and (self.top_k >= 0 or self.top_k == -1), "top_k",
+              "must be -1 (disable), 0 (disable) or a positive integer")
+        check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
+        check(self.seed is None or _is_int(self.seed), "seed", "must be an integer or None")
+        check(_is_number(self.presence_penalty) and -2 <= self.presence_penalty <= 2,
+              "presence_penalty", "must be in [-2, 2]")
+        check(_is_number(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2,
+              "frequency_penalty", "must be in [-2, 2]")
+        check(_is_number(self.repetition_penalty) and self.repetition_penalty > 0,
+              "repetition_penalty", "must be > 0")
+        check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
+              "max_tokens", "must be an integer >= 1 or None")
+        check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "must be an integer >= 0")
+        if self.max_tokens is not None:
+            check(self.min_tokens <= self.max_tokens, "min_tokens", "must be <= max_tokens")
+        check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
+              "logprobs", "must be an integer in [0, 20] or None")
+        check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
+        check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+              "must be non-negative integers")
+        if self.logit_bias:
+            check(all(k >= 0 and -100 <= v <= 100 for k, v in self.logit_bias.items()), "logit_bias",
+                  "must map non-negative token ids to values in [-100, 100]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate_for_vocab(self, vocab_size: int) -> None:
+        """Token ids the caller named must exist in the model's vocabulary."""
+        for name, ids in (("stop_token_ids", self.stop_token_ids),
+                          ("logit_bias", list(self.logit_bias or ()))):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise ValueError(f"{name} holds token ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
+
+    def clone(self) -> "SamplingParams":
+        return copy.deepcopy(self)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN

@@ -1,0 +1,116 @@
+"""Runs one scheduled step on the model: builds the flat batch, runs forward, samples.
+
+Owns all torch state (weights, KV cache, sampler). Lives on the GPU thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from aioinfer.attention.context import forward_context
+from aioinfer.config import EngineConfig
+from aioinfer.core.scheduler_output import RunnerOutput, SchedulerOutput, TokenLogprobs
+from aioinfer.sampling_params import SamplingParams
+from aioinfer.worker.batch_inputs import build_step_inputs
+from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches, choose_num_blocks
+from aioinfer.worker.sampler import Sampler
+from aioinfer.worker.sampling_metadata import SamplingMetadata, SamplingRow
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _RequestState:
+    """What the runner remembers of a request between steps (for its sampling rows)."""
+
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    seed: int
+    eos_token_ids: tuple[int, ...]
+    output_token_ids: list[int]
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model: torch.nn.Module, arch, device: torch.device,
+                 dtype: torch.dtype, max_model_len: int) -> None:
+        self.config = config
+        self.model = model
+        self.arch = arch
+        self.device = device
+        self.dtype = dtype
+        self.block_size = config.cache.block_size
+        self.vocab_size = arch.vocab_size
+        self.spec = KVCacheSpec(
+            num_layers=len(model.attention_layers()),
+            block_size=self.block_size,
+            num_kv_heads=arch.num_kv_heads,
+            head_dim=arch.head_dim,
+            dtype=dtype,
+        )
+        self.num_kv_blocks = choose_num_blocks(config, self.spec, device, max_model_len)
+        self.kv_caches = allocate_kv_caches(self.spec, self.num_kv_blocks, device)
+        for layer, cache in zip(model.attention_layers(), self.kv_caches):
+            layer.kv_cache = cache
+        self.sampler = Sampler()
+        self._states: dict[str, _RequestState] = {}
+        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", self.num_kv_blocks, self.block_size,
+                    self.spec.bytes_per_block * self.num_kv_blocks / 2**20)
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+        for request_id in scheduler_output.finished_request_ids:
+            self._states.pop(request_id, None)
+        for new in scheduler_output.new_requests:
+            self._states[new.request_id] = _RequestState(
+                prompt_token_ids=new.prompt_token_ids,
+                sampling_params=new.sampling_params,
+                seed=new.seed,
+                eos_token_ids=new.eos_token_ids,
+                output_token_ids=[],
+            )
+        if scheduler_output.is_empty:
+            return RunnerOutput(sampled_request_ids=[], sampled_token_ids=[])
+
+        inputs = build_step_inputs(scheduler_output.scheduled, self.block_size, self.device)
+        with forward_context(inputs.attention):
+            hidden = self.model(inputs.input_ids, inputs.positions)
+        if not inputs.sampled_request_ids:
+            return RunnerOutput(sampled_request_ids=[], sampled_token_ids=[])
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+
+        states = [self._states[request_id] for request_id in inputs.sampled_request_ids]
+        rows = [SamplingRow(params=s.sampling_params, prompt_token_ids=s.prompt_token_ids,
+                            output_token_ids=s.output_token_ids, seed=s.seed, eos_token_ids=s.eos_token_ids)
+                for s in states]
+        metadata = SamplingMetadata.build(rows, logits.shape[1], self.device)
+        result = self.sampler(logits, metadata)
+        token_ids: list[int] = result.sampled_token_ids.tolist()  # the step's one device-to-host sync
+        for state, token_id in zip(states, token_ids):
+            state.output_token_ids.append(token_id)
+        return RunnerOutput(
+            sampled_request_ids=inputs.sampled_request_ids,
+            sampled_token_ids=token_ids,
+            logprobs=_logprob_rows(result, states),
+        )
+
+
+def _logprob_rows(result, states: list[_RequestState]) -> list[Optional[TokenLogprobs]]:
+    if result.sampled_logprobs is None:
+        return []
+    sampled = result.sampled_logprobs.tolist()
+    ranks = result.sampled_ranks.tolist()
+    top_ids = result.top_token_ids.tolist()
+    top_lps = result.top_logprobs.tolist()
+    rows: list[Optional[TokenLogprobs]] = []
+    for i, state in enumerate(states):
+        wanted = state.sampling_params.logprobs
+        if wanted is None:
+            rows.append(None)
+            continue
+        rows.append(TokenLogprobs(sampled_logprob=sampled[i], sampled_rank=ranks[i],
+                                  top_token_ids=top_ids[i][:wanted], top_logprobs=top_lps[i][:wanted]))
+    return rows

@@ -42,3 +42,38 @@ def smollm2_tokenizer(smollm2_gguf: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+
+
+# --------------------------------------------------------------------------- no KV leaks
+# Every engine built during the session is tracked; after every test, each one still alive must be
+# idle with its whole KV pool free (aborted, finished and failed requests included).
+
+_live_engines: "weakref.WeakSet" = None  # type: ignore[assignment]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _track_engines():
+    import weakref
+
+    from aioinfer.engine.engine_core import EngineCore
+
+    global _live_engines
+    _live_engines = weakref.WeakSet()
+    original = EngineCore.__init__
+
+    def tracking_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        _live_engines.add(self)
+
+    EngineCore.__init__ = tracking_init
+    yield
+    EngineCore.__init__ = original
+
+
+@pytest.fixture(autouse=True)
+def _no_kv_leaks(_track_engines):
+    yield
+    for engine in list(_live_engines):
+        assert not engine.has_unfinished(), "requests left queued or running after the test"
+        engine.scheduler.check_invariants()
+        assert engine.kv_cache.all_free(), "KV blocks still held after the test"

@@ -85,6 +85,8 @@ class OutputProcessor:
                     finish_reason, stop_reason = "stop", delta.stop_reason
                 if finish_reason is not None and not delta.stopped:
                     new_text += state.text.finish()
+                    if state.text.stopped:  # the held-back tail completed a stop string
+                        finish_reason, stop_reason = "stop", state.text.stop_reason
             state.pieces.append(new_text)
             state.finish_reason, state.stop_reason = finish_reason, stop_reason
             deltas.append(RequestDelta(

@@ -5,7 +5,7 @@ from aioinfer.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "__version__"]
+__all__ = ["LLM", "Engine", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "__version__"]
 
 
 def __getattr__(name: str):
@@ -14,4 +14,8 @@ def __getattr__(name: str):
         from aioinfer.entrypoints.llm import LLM
 
         return LLM
+    if name == "Engine":
+        from aioinfer.engine.async_engine import Engine
+
+        return Engine
     raise AttributeError(f"module 'aioinfer' has no attribute {name!r}")

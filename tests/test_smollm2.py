@@ -73,8 +73,8 @@ def test_streamed_text_equals_full_text(llm):
         deltas, stopped = processor.process(core.step())
         core.finish_requests(stopped)
         for delta in deltas:
-            assert "\ufffd" not in delta.new_text
-            pieces.setdefault(delta.request_id, []).append(delta.new_text)
+            assert "\ufffd" not in delta.text
+            pieces.setdefault(delta.request_id, []).append(delta.text)
     for i in range(len(prompts)):
         final = processor.completion(f"s{i}")
         assert "".join(pieces[f"s{i}"]) == final.text == tok.decode(final.token_ids, skip_special_tokens=True)

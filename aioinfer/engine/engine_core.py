@@ -10,7 +10,7 @@ import logging
 from aioinfer.config import EngineConfig
 from aioinfer.core.kv_cache_manager import KVCacheManager
 from aioinfer.core.scheduler import Scheduler
-from aioinfer.core.scheduler_output import EngineCoreOutput
+from aioinfer.core.scheduler_output import EngineCoreOutput, RunnerOutput, SchedulerOutput
 from aioinfer.engine.model_setup import LoadedModel, load_for_engine
 from aioinfer.request import Request, RequestStatus
 from aioinfer.worker.model_runner import ModelRunner
@@ -39,7 +39,11 @@ class EngineCore:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[EngineCoreOutput]:
+        return self.step_with_details()[2]
+
+    def step_with_details(self) -> tuple[SchedulerOutput, RunnerOutput, list[EngineCoreOutput]]:
+        """One step; also returns what was scheduled and sampled (for stats)."""
         scheduler_output = self.scheduler.schedule()
         runner_output = self.runner.execute(scheduler_output)
         self.num_steps += 1
-        return self.scheduler.update(scheduler_output, runner_output)
+        return scheduler_output, runner_output, self.scheduler.update(scheduler_output, runner_output)

@@ -11,23 +11,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from aioinfer.core.scheduler_output import EngineCoreOutput, TokenLogprobs
+from aioinfer.engine.delta import GenerationDelta
 from aioinfer.engine.text_accumulator import TextAccumulator
 from aioinfer.outputs import CompletionOutput, Logprob, SampleLogprobs
 from aioinfer.sampling_params import SamplingParams
-
-
-@dataclass(slots=True)
-class RequestDelta:
-    """What one request gained in one step (what a streaming consumer receives)."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_text: str
-    new_logprobs: Optional[SampleLogprobs]
-    finish_reason: Optional[str] = None
-    stop_reason: object = None
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0  # total so far
 
 
 @dataclass(slots=True)
@@ -63,9 +50,9 @@ class OutputProcessor:
     def has(self, request_id: str) -> bool:
         return request_id in self._states
 
-    def process(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestDelta], list[str]]:
+    def process(self, outputs: list[EngineCoreOutput]) -> tuple[list[GenerationDelta], list[str]]:
         """Returns (deltas, ids the core must finish because a stop string matched)."""
-        deltas: list[RequestDelta] = []
+        deltas: list[GenerationDelta] = []
         stopped_by_string: list[str] = []
         for out in outputs:
             state = self._states.get(out.request_id)
@@ -89,27 +76,28 @@ class OutputProcessor:
                         finish_reason, stop_reason = "stop", state.text.stop_reason
             state.pieces.append(new_text)
             state.finish_reason, state.stop_reason = finish_reason, stop_reason
-            deltas.append(RequestDelta(
+            deltas.append(GenerationDelta(
                 request_id=out.request_id,
-                new_token_ids=out.new_token_ids,
-                new_text=new_text,
-                new_logprobs=new_logprobs,
+                token_ids=out.new_token_ids,
+                text=new_text,
+                logprobs=new_logprobs,
                 finish_reason=finish_reason,
                 stop_reason=stop_reason,
                 num_prompt_tokens=len(state.prompt_token_ids),
                 num_output_tokens=len(state.token_ids),
+                prompt_token_ids=state.prompt_token_ids,
             ))
         return deltas, stopped_by_string
 
-    def abort(self, request_id: str) -> Optional[RequestDelta]:
+    def abort(self, request_id: str) -> Optional[GenerationDelta]:
         """Close a request that ended outside the step loop; returns its final delta if it was open."""
         state = self._states.get(request_id)
         if state is None or state.finish_reason is not None:
             return None
         state.finish_reason = "abort"
-        return RequestDelta(request_id=request_id, new_token_ids=[], new_text="", new_logprobs=None,
-                            finish_reason="abort", num_prompt_tokens=len(state.prompt_token_ids),
-                            num_output_tokens=len(state.token_ids))
+        return GenerationDelta(request_id=request_id, token_ids=[], text="", logprobs=None,
+                               finish_reason="abort", num_prompt_tokens=len(state.prompt_token_ids),
+                               num_output_tokens=len(state.token_ids), prompt_token_ids=state.prompt_token_ids)
 
     def completion(self, request_id: str, index: int = 0) -> CompletionOutput:
         state = self._states[request_id]

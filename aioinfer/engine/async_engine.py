@@ -1,0 +1,413 @@
+"""The embeddable async engine: ``async with Engine(...) as engine`` inside any anyio application.
+
+Structure (DESIGN.md's data flow): the step loop runs on one dedicated GPU thread; this object's
+task group owns it (a task awaits the thread's end, so it is joined on exit). Requests reach the
+thread through its inbox; each step's results come back through ``anyio.from_thread`` into
+``_on_step_result``, which detokenizes and hands every request its delta through a bounded
+per-request stream. The GPU thread never waits for a consumer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+import uuid
+from typing import Any, AsyncIterator, Optional, Sequence, Union
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+
+from aioinfer.config import EngineConfig
+from aioinfer.engine.delta import GenerationDelta
+from aioinfer.engine.input_processor import InputProcessor
+from aioinfer.engine.output_processor import OutputProcessor
+from aioinfer.engine.request_channel import RequestChannel
+from aioinfer.engine.stats import EngineObserver, RequestStats, StepStats
+from aioinfer.engine.step_loop import AddRequest, FinishRequests, StepLoop, StepResult, Stop
+from aioinfer.errors import (
+    EngineDeadError,
+    EngineNotReady,
+    EngineOverloaded,
+    RequestDeadlineExceeded,
+    SlowConsumerError,
+)
+from aioinfer.request import RequestStatus
+from aioinfer.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+Prompt = Union[str, Sequence[int]]
+_WATCHDOG_PERIOD = 0.25  # seconds between slow-consumer checks
+
+
+class Engine:
+    """Async LLM engine. Keyword arguments beyond the ones below are the offline ``LLM``'s options."""
+
+    def __init__(
+        self,
+        model: Optional[str] = None,
+        *,
+        max_waiting_requests: int = 512,  # admitted requests not yet scheduled
+        max_waiting_prompt_tokens: int = 262_144,  # their prompt tokens
+        stream_buffer_size: int = 64,  # deltas buffered per request before merging
+        stall_timeout: float = 30.0,  # seconds a consumer may leave merged deltas unread
+        observers: Sequence[EngineObserver] = (),
+        fault_inject_step: Optional[int] = None,  # tests: make the step loop fail at this step
+        **engine_kwargs: Any,
+    ) -> None:
+        from aioinfer.fetch import DEFAULT_MODEL
+
+        for name, value in (("max_waiting_requests", max_waiting_requests), ("stream_buffer_size", stream_buffer_size),
+                            ("max_waiting_prompt_tokens", max_waiting_prompt_tokens)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not stall_timeout > 0:
+            raise ValueError(f"stall_timeout must be > 0, got {stall_timeout!r}")
+        self.config = EngineConfig.from_kwargs(model or DEFAULT_MODEL, **engine_kwargs)
+        self.max_waiting_requests = max_waiting_requests
+        self.max_waiting_prompt_tokens = max_waiting_prompt_tokens
+        self.stream_buffer_size = stream_buffer_size
+        self.stall_timeout = stall_timeout
+        self.observers = list(observers)
+        self._fault_inject_step = fault_inject_step
+
+        self._core = None  # the EngineCore; built and used on the GPU thread only
+        self._loop: Optional[StepLoop] = None
+        self._task_group: Optional[anyio.abc.TaskGroup] = None
+        self._channels: dict[str, RequestChannel] = {}
+        self._outputs: Optional[OutputProcessor] = None
+        self._inputs: Optional[InputProcessor] = None
+        self._ids = itertools.count()
+        self._waiting_requests = 0
+        self._waiting_tokens = 0
+        self._accepting = False
+        self._dead: Optional[BaseException] = None
+        self._ready = False
+        self._last_step: Optional[StepStats] = None
+        self.counters = {"aborted_slow_consumer": 0, "rejected_overloaded": 0, "finished": 0, "aborted": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> "Engine":
+        token = anyio.lowlevel.current_token()
+        loaded = anyio.Event()
+        load_result: list = []
+
+        def on_loaded(core, error) -> None:  # GPU thread
+            load_result.extend([core, error])
+            anyio.from_thread.run_sync(loaded.set, token=token)
+
+        self._loop = StepLoop(
+            make_core=self._make_core,
+            deliver=lambda result: anyio.from_thread.run_sync(self._on_step_result, result, token=token),
+            on_loaded=on_loaded,
+            on_dead=lambda exc: anyio.from_thread.run_sync(self._on_dead, exc, token=token),
+            fault_inject_step=self._fault_inject_step,
+        )
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        try:
+            self._task_group.start_soon(self._own_thread, name="aioinfer-gpu-thread-owner")
+            await loaded.wait()
+            core, error = load_result
+            if error is not None:
+                raise error
+            self._core = core
+            loaded_model = core.loaded
+            self._inputs = InputProcessor(loaded_model.tokenizer, loaded_model.arch.vocab_size,
+                                          loaded_model.max_model_len, loaded_model.eos_token_ids,
+                                          seed=self.config.model.seed)
+            self._outputs = OutputProcessor(loaded_model.tokenizer)
+            self._accepting = True
+            self._task_group.start_soon(self._watchdog, name="aioinfer-slow-consumer-watchdog")
+            await self._warm_up()
+        except BaseException:
+            await self._shutdown()
+            await self._task_group.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info) -> Optional[bool]:
+        await self._shutdown()
+        return await self._task_group.__aexit__(*exc_info)
+
+    def _make_core(self):
+        from aioinfer.engine.engine_core import EngineCore
+
+        return EngineCore(self.config)
+
+    async def _own_thread(self) -> None:
+        self._loop.start()
+        # The thread only ends after Stop (or a failure); shielded so that cancelling the task group
+        # cannot leave it running unowned.
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._loop.thread.join)
+
+    async def _shutdown(self) -> None:
+        self._accepting = False
+        self._ready = False
+        for channel in list(self._channels.values()):
+            self._abort_channel(channel, "shutdown")
+        if self._loop is not None:
+            self._loop.submit(Stop())
+        self._task_group.cancel_scope.cancel()  # stops the watchdog; the thread owner is shielded
+
+    async def _warm_up(self) -> None:
+        """One real generation step, so that /ready means a step has succeeded."""
+        warm = self.generate([self._warm_up_token()], SamplingParams(max_tokens=1, ignore_eos=True),
+                             request_id="aioinfer-warm-up")
+        async for _ in warm:
+            pass
+        self._ready = True
+
+    def _warm_up_token(self) -> int:
+        arch = self._core.loaded.arch
+        return arch.bos_token_id if isinstance(arch.bos_token_id, int) else 0
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready and self._dead is None
+
+    @property
+    def is_dead(self) -> bool:
+        return self._dead is not None
+
+    @property
+    def tokenizer(self):
+        return self._core.loaded.tokenizer if self._core is not None else None
+
+    @property
+    def max_model_len(self) -> int:
+        return self._core.loaded.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self._core.loaded.arch.vocab_size
+
+    @property
+    def model_name(self) -> str:
+        from aioinfer.fetch import DEFAULT_MODEL_ALIASES, DEFAULT_MODEL
+
+        name = self.config.model.model
+        if name in DEFAULT_MODEL_ALIASES:
+            return DEFAULT_MODEL
+        return name.rstrip("/").rsplit("/", 1)[-1]
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        self._check_open()
+        return self._inputs.tokenize(prompt)[1]
+
+    def generate(
+        self,
+        prompt: Prompt,
+        sampling_params: Optional[SamplingParams] = None,
+        *,
+        request_id: Optional[str] = None,
+        priority: int = 0,
+        deadline: Optional[float] = None,  # anyio clock time (anyio.current_time()) after which it is aborted
+    ) -> AsyncIterator[GenerationDelta]:
+        """Validate and admit a request now; returns the async iterator of its deltas.
+
+        Raises at once: ValueError (bad input, too long), EngineOverloaded, EngineDeadError, EngineNotReady.
+        Leaving the iteration early (break, cancellation, deadline) aborts the request.
+        """
+        self._check_open()
+        params = sampling_params.clone() if sampling_params is not None else SamplingParams()
+        if params.n != 1:
+            raise ValueError("n must be 1 for Engine.generate; issue n calls (seed + i) for several samples")
+        if request_id is None:
+            request_id = f"req-{uuid.uuid4().hex}"
+        elif not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if request_id in self._channels:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        text, prompt_ids = self._inputs.tokenize(prompt)
+        request = self._inputs.make_request(request_id, prompt_ids, params, priority=priority)
+        self._core.scheduler.check_fits(request.num_prompt_tokens, request.max_tokens)  # immutable limits
+        self._admit(len(prompt_ids))
+        channel = RequestChannel.open(request_id, len(prompt_ids), self.stream_buffer_size)
+        self._channels[request_id] = channel
+        self._waiting_requests += 1
+        self._waiting_tokens += len(prompt_ids)
+        self._outputs.add_request(request_id, text, prompt_ids, params)
+        self._loop.submit(AddRequest(request))
+        return self._iterate(channel, deadline)
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a queued or running request; its consumer receives a final delta with finish_reason "abort"."""
+        channel = self._channels.get(request_id)
+        if channel is not None:
+            self._abort_channel(channel, "api")
+
+    def stats(self) -> dict:
+        step = self._last_step
+        return {
+            "ready": self.is_ready,
+            "dead": self.is_dead,
+            "open_requests": len(self._channels),
+            "waiting_admission": self._waiting_requests,
+            "waiting_admission_tokens": self._waiting_tokens,
+            "num_running": step.num_running if step else 0,
+            "num_waiting": step.num_waiting if step else 0,
+            "kv_usage": step.kv_usage if step else 0.0,
+            **self.counters,
+        }
+
+    # ------------------------------------------------------------------ consumer side
+
+    async def _iterate(self, channel: RequestChannel, deadline: Optional[float]) -> AsyncIterator[GenerationDelta]:
+        finished = False
+        try:
+            while True:
+                with anyio.CancelScope(deadline=math.inf if deadline is None else deadline) as scope:
+                    try:
+                        item = await channel.receive.receive()
+                    except anyio.EndOfStream:
+                        item = None
+                if scope.cancelled_caught:
+                    channel.abort_cause = "deadline"
+                    raise RequestDeadlineExceeded(f"request {channel.request_id} passed its deadline")
+                channel.last_read = time.monotonic()
+                channel.flush()
+                if item is None:
+                    finished = True
+                    raise channel.error or EngineDeadError("the request's stream ended without a result")
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                # Cancelled, broken out of, or past its deadline: free its KV at the next step boundary.
+                self._abort_channel(channel, channel.abort_cause or "client", notify=False)
+            channel.receive.close()
+
+    # ------------------------------------------------------------------ event-loop side of the bridge
+
+    def _on_step_result(self, result: StepResult) -> None:
+        for request_id, error in result.rejected:
+            channel = self._channels.get(request_id)
+            if channel is not None:
+                self._end_channel(channel, "error", error=error)
+        for request_id in result.started:
+            channel = self._channels.get(request_id)
+            if channel is not None and channel.scheduled_at is None:
+                channel.scheduled_at = result.step_start
+                self._leave_admission(channel)
+        deltas, stopped_by_string = self._outputs.process(result.outputs)
+        if stopped_by_string:
+            self._loop.submit(FinishRequests(tuple(stopped_by_string), RequestStatus.FINISHED_STOPPED))
+        preemptions = {o.request_id: o.num_preemptions for o in result.outputs}
+        for delta in deltas:
+            channel = self._channels.get(delta.request_id)
+            if channel is None:
+                continue
+            channel.num_preemptions = preemptions.get(delta.request_id, channel.num_preemptions)
+            channel.deliver(delta)
+            if delta.finished:
+                self._end_channel(channel, "finished", finish_reason=delta.finish_reason)
+        if result.stats is not None:
+            self._last_step = result.stats
+            for observer in self.observers:
+                _call_observer(observer.on_step, result.stats)
+
+    def _on_dead(self, error: BaseException) -> None:
+        self._dead = error
+        self._accepting = False
+        self._ready = False
+        dead = EngineDeadError(f"the engine's step loop failed: {error!r}")
+        dead.__cause__ = error
+        for channel in list(self._channels.values()):
+            self._end_channel(channel, "error", error=dead)
+
+    async def _watchdog(self) -> None:
+        period = min(_WATCHDOG_PERIOD, self.stall_timeout / 2)
+        while True:
+            await anyio.sleep(period)
+            now = time.monotonic()
+            for channel in list(self._channels.values()):
+                if channel.stalled_for(now) > self.stall_timeout:
+                    self.counters["aborted_slow_consumer"] += 1
+                    self._abort_channel(channel, "slow_consumer", error=SlowConsumerError(
+                        f"request {channel.request_id}: the consumer read nothing for {self.stall_timeout:g} s"))
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_open(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine is dead: {self._dead!r}")
+        if not self._accepting:
+            raise EngineNotReady("the engine is not running (not started yet, or shutting down)")
+
+    def _admit(self, num_prompt_tokens: int) -> None:
+        if (self._waiting_requests >= self.max_waiting_requests
+                or self._waiting_tokens + num_prompt_tokens > self.max_waiting_prompt_tokens):
+            self.counters["rejected_overloaded"] += 1
+            for observer in self.observers:
+                _call_observer(observer.on_rejected, "overloaded")
+            raise EngineOverloaded(
+                f"the engine is at capacity ({self._waiting_requests} requests and {self._waiting_tokens} prompt "
+                f"tokens waiting); retry later", retry_after=1.0)
+
+    def _leave_admission(self, channel: RequestChannel) -> None:
+        if channel.waiting_admission:
+            channel.waiting_admission = False
+            self._waiting_requests -= 1
+            self._waiting_tokens -= channel.num_prompt_tokens
+
+    def _abort_channel(self, channel: RequestChannel, cause: str, error: Optional[BaseException] = None,
+                       notify: bool = True) -> None:
+        """Abort a request from the event loop: the GPU thread frees its blocks at the next step boundary."""
+        if channel.request_id not in self._channels:
+            return
+        channel.abort_cause = cause
+        if self._loop is not None and self._dead is None:
+            self._loop.submit(FinishRequests((channel.request_id,)))
+        final = self._outputs.abort(channel.request_id) if notify and error is None else None
+        if final is not None:
+            channel.deliver(final)
+        self._end_channel(channel, "aborted", finish_reason="abort", error=error)
+
+    def _end_channel(self, channel: RequestChannel, status: str, finish_reason: Optional[str] = None,
+                     error: Optional[BaseException] = None) -> None:
+        if self._channels.pop(channel.request_id, None) is None:
+            return
+        self._leave_admission(channel)
+        self._outputs.pop(channel.request_id)
+        if error is not None:
+            channel.fail(error)
+        elif not channel.closed:
+            channel.fail(EngineDeadError("the request ended without a final result"))
+        self.counters["finished" if status == "finished" else "aborted"] += 1
+        now = time.monotonic()
+        stats = RequestStats(
+            request_id=channel.request_id,
+            status=status,
+            finish_reason=finish_reason,
+            abort_cause=channel.abort_cause if status == "aborted" else None,
+            num_prompt_tokens=channel.num_prompt_tokens,
+            num_output_tokens=channel.num_output_tokens,
+            num_cached_tokens=0,
+            queue_time=None if channel.scheduled_at is None else channel.scheduled_at - channel.arrival,
+            ttft=None if channel.first_token_at is None else channel.first_token_at - channel.arrival,
+            e2e_latency=now - channel.arrival,
+            inter_token_latencies=tuple(channel.inter_token),
+            num_preemptions=channel.num_preemptions,
+        )
+        for observer in self.observers:
+            _call_observer(observer.on_request_done, stats)
+
+
+def _call_observer(method, *args) -> None:
+    try:
+        method(*args)
+    except Exception:  # noqa: BLE001 - metrics must never break serving
+        logger.exception("engine observer %r failed", method)

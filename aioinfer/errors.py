@@ -1,0 +1,31 @@
+"""Typed exceptions at the edges: each maps to one HTTP status in the server."""
+
+from __future__ import annotations
+
+
+class AioinferError(Exception):
+    """Base class of aioinfer's own errors."""
+
+
+class EngineOverloaded(AioinferError):
+    """Admission is full (too many waiting requests or prompt tokens): retry later (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds
+
+
+class EngineDeadError(AioinferError):
+    """The step loop failed; every open request gets this and new ones are refused (HTTP 503)."""
+
+
+class EngineNotReady(AioinferError):
+    """The engine has not started (or is shutting down) (HTTP 503)."""
+
+
+class SlowConsumerError(AioinferError):
+    """The consumer stopped reading for longer than the stall limit; its request was aborted."""
+
+
+class RequestDeadlineExceeded(AioinferError, TimeoutError):
+    """The request's deadline passed before it finished; it was aborted."""

@@ -191,6 +191,11 @@ class Engine:
         return self._core.loaded.arch.vocab_size
 
     @property
+    def generation_defaults(self) -> dict:
+        """The model's generation_config.json values (requests that leave a field out take these)."""
+        return self._core.loaded.generation_defaults if self._core is not None else {}
+
+    @property
     def model_name(self) -> str:
         from aioinfer.fetch import DEFAULT_MODEL_ALIASES, DEFAULT_MODEL
 

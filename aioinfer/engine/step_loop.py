@@ -106,8 +106,9 @@ class StepLoop:
                     return
                 self._apply(core, command, rejected)
             if not core.has_unfinished():
-                if rejected:
-                    self._deliver(StepResult(outputs=[], rejected=rejected))
+                # Nothing to run, but commands changed the state (aborts freed blocks): report it, so
+                # that metrics read "idle, cache free" without waiting for another step.
+                self._deliver(StepResult(outputs=[], rejected=rejected, stats=_idle_stats(core)))
                 continue
 
             steps += 1
@@ -142,6 +143,11 @@ class StepLoop:
                 rejected.append((command.request.request_id, exc))
         elif isinstance(command, FinishRequests):
             core.finish_requests(list(command.request_ids), command.status)
+
+
+def _idle_stats(core: EngineCore) -> StepStats:
+    return StepStats(num_running=0, num_waiting=0, kv_usage=core.kv_cache.usage(), num_batched_requests=0,
+                     num_scheduled_tokens=0, num_generation_tokens=0, num_preempted=0, step_time=0.0)
 
 
 def _release_everything(core: EngineCore) -> None:

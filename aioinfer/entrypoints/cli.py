@@ -1,4 +1,4 @@
-"""Command line: ``fetch`` the default model, ``generate`` or ``chat`` offline."""
+"""Command line: ``serve`` the OpenAI API, ``fetch`` the default model, ``generate`` or ``chat`` offline."""
 
 from __future__ import annotations
 
@@ -43,6 +43,9 @@ def _params(args):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="aioinfer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    from aioinfer.entrypoints.serve_cli import add_serve_parser
+
+    add_serve_parser(sub)
     fetch = sub.add_parser("fetch", help="download the default model (SmolLM2-135M-Instruct) into the cache")
     fetch.add_argument("--cache-dir", default=None)
     for name, text in (("generate", "complete prompts offline"), ("chat", "answer one user message offline")):
@@ -52,6 +55,9 @@ def main(argv: list[str] | None = None) -> None:
         cmd.add_argument("prompts", nargs="+")
     args = parser.parse_args(argv)
 
+    if args.command == "serve":
+        args.func(args)
+        return
     if args.command == "fetch":
         from aioinfer.fetch import fetch_default_model
 

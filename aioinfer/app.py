@@ -1,0 +1,10 @@
+"""``hypercorn aioinfer.app:app``: the OpenAI-compatible server, configured from ``AIOINFER_*`` variables.
+
+See docs/server.md for the variables. Importing this module builds the app (and validates the
+settings) but loads nothing: the engine starts in the ASGI lifespan.
+"""
+
+from aioinfer.entrypoints.openai.api_server import create_app
+from aioinfer.server_config import ServerConfig
+
+app = create_app(ServerConfig.from_env())

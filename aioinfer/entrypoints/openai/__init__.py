@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API (Quart): request models, routes, SSE, errors."""

@@ -1,0 +1,162 @@
+"""The Quart app: routes, API-key check, JSON error handlers, engine lifespan.
+
+``create_app(config)`` builds one independent app (its own engine, metrics registry and state),
+so that tests and embedders can run several in one process; ``aioinfer.app:app`` is the one
+built from the environment.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from typing import Optional
+
+from quart import Quart, request
+from werkzeug.exceptions import HTTPException
+
+import aioinfer
+from aioinfer.entrypoints.openai.errors import APIError, unauthorized
+from aioinfer.entrypoints.openai.server_state import ServerState
+from aioinfer.entrypoints.openai.serving_chat import create_chat_completion
+from aioinfer.entrypoints.openai.serving_completions import create_completion
+from aioinfer.entrypoints.openai.serving_tokens import detokenize, tokenize
+from aioinfer.entrypoints.openai.sse import json_response
+from aioinfer.metrics import CONTENT_TYPE
+from aioinfer.server_config import ServerConfig
+
+logger = logging.getLogger("aioinfer.server")
+
+# Probes and scrapes must work without credentials (load balancers, Prometheus).
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+STATE_KEY = "aioinfer"
+
+
+def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Quart:
+    config = config or ServerConfig.from_env()
+    app = Quart("aioinfer")
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes  # larger bodies: 413
+    app.config["RESPONSE_TIMEOUT"] = None  # streams last as long as generation does
+    app.config["BODY_TIMEOUT"] = 60  # seconds to receive a request body
+    state = ServerState(config, engine_factory)
+    app.extensions[STATE_KEY] = state
+    started = int(time.time())
+    expected_auth = f"Bearer {config.api_key}".encode() if config.api_key else None
+
+    @app.before_serving
+    async def _start() -> None:
+        await state.start()
+
+    @app.after_serving
+    async def _stop() -> None:
+        await state.stop()
+
+    @app.before_request
+    async def _authenticate():
+        if expected_auth is None or request.path in OPEN_PATHS:
+            return None
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected_auth):
+            raise unauthorized()
+        return None
+
+    @app.after_request
+    async def _account(response):
+        if state.metrics is not None:
+            route = request.url_rule.rule if request.url_rule is not None else "unmatched"
+            state.metrics.observe_http(route, response.status_code)
+        if response.status_code >= 400 and request.path not in OPEN_PATHS:  # probes would flood the log
+            state.request_log.log_http_error(
+                request_id=request.headers.get("X-Request-Id"), method=request.method, path=request.path,
+                status=response.status_code, code=getattr(response, "error_code", None))
+        return response
+
+    @app.errorhandler(APIError)
+    async def _api_error(exc: APIError):
+        return _error_response(exc)
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.code, "http_error")
+        message = exc.description or exc.name
+        if exc.code == 413:
+            message = f"The request body is larger than the limit of {config.max_body_bytes} bytes."
+        return _error_response(APIError(exc.code or 400, message, code=code))
+
+    @app.errorhandler(Exception)
+    async def _unexpected(exc: Exception):
+        logger.exception("unhandled error on %s %s", request.method, request.path)
+        return _error_response(APIError(500, f"Internal server error ({type(exc).__name__})", type="server_error",
+                                        code="internal_error"))
+
+    # ------------------------------------------------------------------ OpenAI routes
+
+    @app.post("/v1/completions")
+    async def completions():
+        body = await request.get_data(cache=False)
+        return await create_completion(state, body, request.headers.get("X-Request-Id"))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions():
+        body = await request.get_data(cache=False)
+        return await create_chat_completion(state, body, request.headers.get("X-Request-Id"))
+
+    @app.get("/v1/models")
+    async def models():
+        engine = state.engine
+        card = {"id": state.served_model_name, "object": "model", "created": started, "owned_by": "aioinfer",
+                "root": config.model or (engine.model_name if engine is not None else None), "parent": None}
+        if engine is not None and engine.is_ready:
+            card["max_model_len"] = engine.max_model_len
+        return json_response({"object": "list", "data": [card]})
+
+    @app.post("/tokenize")
+    async def tokenize_route():
+        return json_response(tokenize(state, await request.get_data(cache=False)))
+
+    @app.post("/detokenize")
+    async def detokenize_route():
+        return json_response(detokenize(state, await request.get_data(cache=False)))
+
+    # ------------------------------------------------------------------ operations
+
+    @app.get("/version")
+    async def version():
+        return json_response({"version": aioinfer.__version__})
+
+    @app.get("/health")
+    async def health():
+        # Liveness: alive while loading; 503 once the engine died (restart me).
+        if state.is_dead:
+            return json_response({"status": "dead"}, status=503)
+        return json_response({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready():
+        if state.is_ready:
+            return json_response({"status": "ready"})
+        status = "dead" if state.is_dead else "draining" if state.draining else "loading"
+        return json_response({"status": status}, status=503)
+
+    @app.get("/metrics")
+    async def metrics():
+        if state.metrics is None:
+            return json_response({"status": "starting"}, status=503)
+        if state.engine is not None and state.engine.is_ready:
+            state.metrics.refresh(state.engine.stats())
+        return state.metrics.render(), 200, {"Content-Type": CONTENT_TYPE}
+
+    return app
+
+
+def _error_response(exc: APIError):
+    headers = {}
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    response = json_response(exc.body(), status=exc.status, headers=headers)
+    response.error_code = exc.code  # type: ignore[attr-defined] - for the request log
+    return response
+
+
+def get_state(app: Quart) -> ServerState:
+    return app.extensions[STATE_KEY]

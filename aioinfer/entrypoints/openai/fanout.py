@@ -1,0 +1,125 @@
+"""One HTTP request = several engine requests (prompts x n); their deltas merged by choice index.
+
+Every engine request is admitted up front, synchronously, so that a bad prompt or a full queue
+fails the whole HTTP request before anything is streamed and before any choice runs alone.
+
+Ownership: each engine stream is iterated and closed by exactly one task (the consumer itself
+when there is one stream, else one pump task per stream), because the engine's iterator may hold
+cancel scopes that must stay in the task that entered them. Whatever way the consumer leaves
+(finished, error, client disconnect = cancellation, the response never started), every engine
+request ends up closed and aborted; aborting a finished request is harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from dataclasses import dataclass
+from typing import AsyncIterator, Sequence, Union
+
+from aioinfer.engine.delta import GenerationDelta
+from aioinfer.sampling_params import SamplingParams
+
+Prompt = Union[str, list[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceSpec:
+    index: int  # the choice's index in the response
+    prompt_index: int  # which prompt of the request it answers
+    prompt: Prompt  # text, or token ids (already templated for chat)
+    params: SamplingParams  # n == 1; seed already offset for this choice
+
+
+class ChoiceStreams:
+    """The admitted engine requests of one HTTP request; iterate with ``merged()`` exactly once."""
+
+    def __init__(self, engine, started: list[tuple[ChoiceSpec, str, AsyncIterator[GenerationDelta]]]) -> None:
+        self.engine = engine
+        self.started = started
+        self.request_ids = [rid for _, rid, _ in started]
+        # Safety net for the one path no finally covers: the response object is dropped before its
+        # body was ever iterated (the client left between the handler's return and the first byte).
+        self._finalizer = weakref.finalize(self, _abort_soon, engine, tuple(self.request_ids))
+
+    @classmethod
+    def admit(cls, engine, specs: Sequence[ChoiceSpec], base_id: str, priority: int) -> "ChoiceStreams":
+        """Call ``engine.generate`` for every choice; on any error abort the ones already admitted."""
+        started = []
+        try:
+            for spec in specs:
+                rid = base_id if len(specs) == 1 else f"{base_id}-{spec.index}"
+                stream = engine.generate(spec.prompt, spec.params, request_id=rid, priority=priority)
+                started.append((spec, rid, stream))
+        except BaseException:
+            _abort_soon(engine, tuple(rid for _, rid, _ in started))
+            raise
+        return cls(engine, started)
+
+    async def merged(self) -> AsyncIterator[tuple[ChoiceSpec, GenerationDelta]]:
+        """(choice, delta) pairs in arrival order; raises the first error of any choice."""
+        try:
+            if len(self.started) == 1:
+                spec, _, stream = self.started[0]
+                try:
+                    async for delta in stream:
+                        yield spec, delta
+                finally:
+                    await stream.aclose()
+            else:
+                async for item in self._pumped():
+                    yield item
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        self._finalizer.detach()
+        for rid in self.request_ids:
+            await self.engine.abort(rid)
+
+    async def _pumped(self) -> AsyncIterator[tuple[ChoiceSpec, GenerationDelta]]:
+        # Bounded: a slow client makes the pumps wait, so the engine's slow-consumer limit still applies.
+        queue: asyncio.Queue = asyncio.Queue(maxsize=len(self.started))
+        tasks = [asyncio.create_task(_pump(spec, stream, queue), name=f"aioinfer-choice-{rid}")
+                 for spec, rid, stream in self.started]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                spec, delta, error = await queue.get()
+                if error is not None:
+                    raise error
+                if delta is None:
+                    remaining -= 1
+                    continue
+                yield spec, delta
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _pump(spec: ChoiceSpec, stream: AsyncIterator[GenerationDelta], queue: asyncio.Queue) -> None:
+    try:
+        async for delta in stream:
+            await queue.put((spec, delta, None))
+    except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+        await queue.put((spec, None, exc))
+        return
+    finally:
+        await stream.aclose()
+    await queue.put((spec, None, None))
+
+
+def _abort_soon(engine, request_ids: tuple[str, ...]) -> None:
+    if not request_ids:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return  # no loop (interpreter shutdown): the engine is going away too
+    loop.create_task(_abort_all(engine, request_ids))
+
+
+async def _abort_all(engine, request_ids: tuple[str, ...]) -> None:
+    for rid in request_ids:
+        await engine.abort(rid)

@@ -1,0 +1,70 @@
+"""Engine logprobs (one ``{token_id: Logprob}`` dict per generated token) in OpenAI's two formats."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from aioinfer.outputs import Logprob
+
+_FLOOR = -9999.0  # -inf is not valid JSON; vLLM clamps to this value too
+
+
+def _value(lp: float) -> float:
+    return max(lp, _FLOOR)
+
+
+def _token_str(token_id: int, entry: Logprob) -> str:
+    return entry.decoded_token if entry.decoded_token is not None else f"token_id:{token_id}"
+
+
+def _top(entries: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]]:
+    ranked = sorted(entries.items(), key=lambda kv: kv[1].rank)
+    return [(tid, lp) for tid, lp in ranked if lp.rank <= top_n]
+
+
+class CompletionLogprobs:
+    """Completions format: parallel lists plus ``text_offset`` (character offsets in the choice's text)."""
+
+    def __init__(self, top_n: int, text_offset: int = 0) -> None:
+        self.top_n = top_n
+        self.offset = text_offset  # where the next token starts (after an echoed prompt, if any)
+
+    def format(self, token_ids: list[int], entries: Optional[list[dict[int, Logprob]]]) -> dict:
+        tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+        for token_id, entry in zip(token_ids, entries or []):
+            sampled = entry.get(token_id)
+            text = _token_str(token_id, sampled) if sampled is not None else f"token_id:{token_id}"
+            tokens.append(text)
+            token_logprobs.append(_value(sampled.logprob) if sampled is not None else None)
+            # vLLM's shape: the top-N plus the sampled token, keyed by token text.
+            top = {_token_str(tid, lp): _value(lp.logprob) for tid, lp in _top(entry, self.top_n)}
+            if sampled is not None:
+                top.setdefault(text, _value(sampled.logprob))
+            top_logprobs.append(top)
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+                "text_offset": offsets}
+
+
+def merge_completion_logprobs(parts: list[dict]) -> Optional[dict]:
+    if not parts:
+        return None
+    return {key: [v for part in parts for v in part[key]] for key in parts[0]}
+
+
+def chat_logprobs(token_ids: list[int], entries: Optional[list[dict[int, Logprob]]], top_n: int) -> dict:
+    """Chat format: ``{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}``."""
+    content = []
+    for token_id, entry in zip(token_ids, entries or []):
+        sampled = entry.get(token_id)
+        text = _token_str(token_id, sampled) if sampled is not None else f"token_id:{token_id}"
+        content.append({
+            "token": text,
+            "logprob": _value(sampled.logprob) if sampled is not None else _FLOOR,
+            "bytes": list(text.encode("utf-8")),
+            "top_logprobs": [{"token": _token_str(tid, lp), "logprob": _value(lp.logprob),
+                              "bytes": list(_token_str(tid, lp).encode("utf-8"))}
+                             for tid, lp in _top(entry, top_n)],
+        })
+    return {"content": content}

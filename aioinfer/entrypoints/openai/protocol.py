@@ -1,0 +1,166 @@
+"""Request bodies of the OpenAI-compatible API (pydantic, strict, unknown fields rejected).
+
+Strict mode on JSON input: ``"5"`` is not a number and ``1.5`` is not an integer, as in OpenAI's
+API. Unknown fields are a 400 naming the field, so that a typo (``max_token``) is not silently
+ignored. Range checks that ``SamplingParams`` also makes are repeated here only where the pydantic
+error names the field better.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_LOGPROBS_MAX = 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage in every chunk
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by completions and chat (OpenAI's and vLLM's common extras)."""
+
+    model: Optional[str] = None  # optional as in vLLM: absent means the served model
+    temperature: Optional[float] = Field(default=None, ge=0)
+    top_p: Optional[float] = Field(default=None, gt=0, le=1)
+    top_k: Optional[int] = Field(default=None, ge=-1)
+    min_p: Optional[float] = Field(default=None, ge=0, le=1)
+    n: int = Field(default=1, ge=1)
+    seed: Optional[int] = Field(default=None, ge=-(2**63), lt=2**64)
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: Optional[list[int]] = None
+    presence_penalty: Optional[float] = Field(default=None, ge=-2, le=2)
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2, le=2)
+    repetition_penalty: Optional[float] = Field(default=None, gt=0)
+    logit_bias: Optional[dict[str, float]] = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None  # accepted and ignored (OpenAI's abuse-monitoring id)
+    priority: int = 0  # vLLM: lower runs first under priority scheduling
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value):
+        items = [value] if isinstance(value, str) else value
+        if items is not None and not all(items):
+            raise ValueError("stop strings must be non-empty")
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids(cls, value):
+        if value is not None and any(t < 0 for t in value):
+            raise ValueError("token ids must be >= 0")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, value):
+        if value is None:
+            return value
+        for key, bias in value.items():
+            if not key.lstrip("-").isdigit() or int(key) < 0:
+                raise ValueError(f"keys must be token ids, got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"biases must be in [-100, 100], got {bias}")
+        return value
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Any  # str | list[str] | list[int] | list[list[int]], checked below for a clear message
+    max_tokens: Optional[int] = Field(default=16, ge=1)  # OpenAI's and vLLM's default for completions
+    logprobs: Optional[int] = Field(default=None, ge=0, le=_LOGPROBS_MAX)
+    echo: bool = False
+    suffix: Optional[str] = None  # accepted only to say it is unsupported
+    best_of: Optional[int] = Field(default=None, ge=1)
+    add_special_tokens: bool = True
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value):
+        return check_prompt(value)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+    name: Optional[str] = None
+    tool_call_id: Optional[str] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)  # vLLM joins text parts with newlines
+
+    def for_template(self) -> dict:
+        message = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(default=None, ge=1)  # deprecated alias of max_completion_tokens
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)  # None: the rest of the context
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=_LOGPROBS_MAX)
+    add_generation_prompt: bool = True
+
+
+class TokenizeRequest(_Strict):
+    """vLLM's /tokenize: either ``prompt`` (completion style) or ``messages`` (chat template)."""
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_special_tokens: Optional[bool] = None  # default: True for prompt, False for messages
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Strict):
+    model: Optional[str] = None
+    tokens: list[int]
+
+
+def check_prompt(value: Any) -> Union[str, list[str], list[int], list[list[int]]]:
+    """OpenAI's four prompt forms; anything else is a ValueError with a readable message."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list) or not value:
+        raise ValueError("prompt must be a string, a list of strings, a list of token ids or a list of "
+                         "token-id lists, and not empty")
+    if all(isinstance(p, str) for p in value):
+        return value
+    if all(_is_token_id(t) for t in value):
+        return value
+    if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in value):
+        return value
+    raise ValueError("prompt must be a string, a list of strings, a list of token ids (integers >= 0) or a "
+                     "list of non-empty token-id lists")
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

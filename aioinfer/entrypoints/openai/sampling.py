@@ -1,0 +1,90 @@
+"""Request bodies -> ``SamplingParams`` (one per choice: the server fans ``n`` out itself)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from aioinfer.entrypoints.openai.errors import APIError, bad_request
+from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from aioinfer.sampling_params import SamplingParams
+
+# Fields whose default, when the request leaves them out, may come from the model's
+# generation_config.json (vLLM's `--generation-config auto`); otherwise OpenAI's defaults apply.
+_MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def completion_params(req: CompletionRequest, model_defaults: Optional[Mapping[str, Any]] = None) -> SamplingParams:
+    if req.suffix is not None:
+        raise bad_request("suffix is not supported", param="suffix", code="unsupported_parameter")
+    if req.best_of is not None and req.best_of not in (1, req.n):
+        raise bad_request("best_of must be 1 or equal to n (no server-side ranking)", param="best_of",
+                          code="unsupported_parameter")
+    if req.echo and req.logprobs is not None:
+        raise bad_request("echo with logprobs needs prompt logprobs, which are not supported",
+                          param="echo", code="unsupported_parameter")
+    return _build(req, model_defaults, max_tokens=req.max_tokens, logprobs=req.logprobs)
+
+
+def chat_params(req: ChatCompletionRequest, model_defaults: Optional[Mapping[str, Any]] = None) -> SamplingParams:
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs to be true", param="top_logprobs")
+    if req.max_tokens is not None and req.max_completion_tokens is not None \
+            and req.max_tokens != req.max_completion_tokens:
+        raise bad_request("max_tokens and max_completion_tokens disagree; send one", param="max_tokens")
+    # None: up to the end of the context (vLLM's chat default), decided by the engine.
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return _build(req, model_defaults, max_tokens=max_tokens, logprobs=logprobs)
+
+
+def _build(req: _SamplingFields, model_defaults: Optional[Mapping[str, Any]], *, max_tokens: Optional[int],
+           logprobs: Optional[int]) -> SamplingParams:
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
+    defaults = dict(model_defaults or {})
+    kwargs: dict[str, Any] = {}
+    for key in _MODEL_DEFAULT_KEYS:
+        value = getattr(req, key)
+        if value is None:
+            value = defaults.get(key)
+        if value is not None:
+            kwargs[key] = value
+    for key in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, key) is not None:
+            kwargs[key] = getattr(req, key)
+    if req.min_tokens and max_tokens is not None and req.min_tokens > max_tokens:
+        raise bad_request(f"min_tokens ({req.min_tokens}) must be <= max_tokens ({max_tokens})", param="min_tokens")
+    kwargs.update(
+        n=1,
+        seed=req.seed,
+        stop=req.stop,
+        stop_token_ids=req.stop_token_ids,
+        logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
+        ignore_eos=req.ignore_eos,
+        max_tokens=max_tokens,
+        min_tokens=req.min_tokens,
+        logprobs=logprobs,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
+    )
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as exc:
+        raise _named(exc) from None
+
+
+def choice_params(base: SamplingParams, index: int) -> SamplingParams:
+    """The params of choice ``index``: seed + index when seeded, as the offline ``LLM`` does for n > 1."""
+    params = base.clone()
+    if base.seed is not None:
+        params.seed = base.seed + index
+    return params
+
+
+def _named(exc: ValueError) -> APIError:
+    # SamplingParams' messages start with the field name ("top_p must be in (0, 1], got 2").
+    message = str(exc)
+    first = message.split(" ", 1)[0]
+    param = first if first in SamplingParams.__dataclass_fields__ else None
+    return bad_request(message, param=param)

@@ -1,0 +1,155 @@
+"""The server's engine and its lifecycle: loading in the background, ready, draining, stopped.
+
+One task owns the engine: it enters ``async with Engine(...)``, waits for the stop signal and
+exits, so the engine's task group is entered and left in the same task (anyio requires it).
+The model loads in that task *after* the ASGI startup completed, so the server listens at once:
+``/health`` answers 200 while loading (alive), ``/ready`` 503 until the warm-up step succeeded,
+and a long first-start download cannot trip hypercorn's startup timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Optional
+
+from aioinfer.entrypoints.openai.errors import APIError, model_not_found, not_ready
+from aioinfer.metrics import PrometheusMetrics
+from aioinfer.request_log import RequestLog, configure_request_logger
+from aioinfer.server_config import ServerConfig
+
+logger = logging.getLogger("aioinfer.server")
+
+
+class ServerState:
+    def __init__(self, config: ServerConfig, engine_factory=None) -> None:
+        self.config = config
+        self._engine_factory = engine_factory  # tests may inject one; default: aioinfer's Engine
+        self.engine = None
+        self.metrics: Optional[PrometheusMetrics] = None
+        self.request_log = RequestLog()
+        self.load_error: Optional[BaseException] = None
+        self.draining = False  # set on SIGTERM by `serve`: new requests get 503, running ones finish
+        self._stop = asyncio.Event()
+        self._owner: Optional[asyncio.Task] = None
+        self.on_load_failure = None  # optional callback; `serve` uses it to exit instead of idling dead
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Build the engine (bad settings fail startup loudly) and start loading it in the background."""
+        configure_request_logger(self.config.log_requests)
+        factory = self._engine_factory or _default_engine_factory
+        observers = _Observers()
+        # The metrics are labelled with the served name, which the engine knows before loading.
+        self.engine = factory(observers=[observers], **self.config.engine_arguments())
+        self.metrics = PrometheusMetrics(self.served_model_name)
+        observers.targets.append(self.metrics)
+        if self.config.log_requests:
+            observers.targets.append(self.request_log)
+        self._stop = asyncio.Event()
+        self._owner = asyncio.create_task(self._own_engine(), name="aioinfer-engine-owner")
+
+    async def _own_engine(self) -> None:
+        try:
+            async with self.engine:
+                logger.info("engine ready: model %s, max_model_len %s", self.served_model_name,
+                            self.engine.max_model_len)
+                await self._stop.wait()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - reported through /health and the log
+            self.load_error = exc
+            logger.exception("the engine failed to start or stopped with an error")
+            if self.on_load_failure is not None:
+                self.on_load_failure(exc)
+
+    async def stop(self) -> None:
+        """Stop the engine: open requests are aborted and the GPU thread joined."""
+        self.draining = True
+        if self._owner is None:
+            return
+        self._stop.set()
+        if self.engine is not None and not self.engine.is_ready and not self.engine.is_dead \
+                and self.load_error is None:
+            self._owner.cancel()  # still loading: there is nothing to drain
+        try:
+            await self._owner
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise
+        self._owner = None
+
+    # ---------------------------------------------------------------- per request
+
+    @property
+    def served_model_name(self) -> str:
+        if self.config.served_model_name:
+            return self.config.served_model_name
+        return self.engine.model_name if self.engine is not None else "unknown"
+
+    def model_aliases(self) -> set[str]:
+        names = {self.served_model_name}
+        if self.engine is not None:
+            names.add(self.engine.model_name)
+        if self.config.model:
+            names.add(self.config.model)
+        return names
+
+    def check_model(self, requested: Optional[str]) -> None:
+        if requested is not None and requested not in self.model_aliases():
+            raise model_not_found(requested)
+
+    def ready_engine(self):
+        """The engine, or the 503 that explains why it cannot take requests now."""
+        engine = self.engine
+        if self.is_dead:
+            raise APIError(503, f"The engine is not running: {self._dead_reason()}", type="service_unavailable",
+                           code="engine_dead")
+        if engine is None or not engine.is_ready:
+            raise not_ready()
+        if self.draining:
+            raise APIError(503, "The server is shutting down.", type="service_unavailable", code="shutting_down")
+        return engine
+
+    @property
+    def is_dead(self) -> bool:
+        return self.load_error is not None or (self.engine is not None and self.engine.is_dead)
+
+    @property
+    def is_ready(self) -> bool:
+        return self.engine is not None and self.engine.is_ready and not self.draining and not self.is_dead
+
+    def model_defaults(self) -> dict:
+        """Default sampling settings from generation_config.json, when the engine exposes them."""
+        return dict(getattr(self.engine, "generation_defaults", None) or {})
+
+    def _dead_reason(self) -> str:
+        if self.load_error is not None:
+            return f"failed to start ({type(self.load_error).__name__}: {self.load_error})"
+        return "the step loop failed"
+
+
+class _Observers:
+    """Forwards engine events to observers that exist only once the engine was built."""
+
+    def __init__(self) -> None:
+        self.targets: list[Any] = []
+
+    def on_step(self, stats) -> None:
+        for target in self.targets:
+            target.on_step(stats)
+
+    def on_request_done(self, stats) -> None:
+        for target in self.targets:
+            target.on_request_done(stats)
+
+    def on_rejected(self, reason: str) -> None:
+        for target in self.targets:
+            target.on_rejected(reason)
+
+
+def _default_engine_factory(**kwargs):
+    from aioinfer.engine.async_engine import Engine
+
+    return Engine(**kwargs)

@@ -1,0 +1,140 @@
+"""POST /v1/chat/completions: messages -> chat template -> n choices, streamed or not."""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+from typing import AsyncIterator, Optional
+
+from quart import Response
+
+from aioinfer.entrypoints.openai.errors import bad_request, from_engine_error
+from aioinfer.entrypoints.openai.fanout import ChoiceSpec, ChoiceStreams
+from aioinfer.entrypoints.openai.logprobs import chat_logprobs
+from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from aioinfer.entrypoints.openai.sampling import chat_params, choice_params
+from aioinfer.entrypoints.openai.server_state import ServerState
+from aioinfer.entrypoints.openai.serving_common import (
+    ChoiceResult,
+    new_request_id,
+    now,
+    parse_body,
+    stop_reason_json,
+    stream_error_event,
+    usage,
+)
+from aioinfer.entrypoints.openai.sse import DONE, event, json_response, sse_response
+
+
+async def create_chat_completion(state: ServerState, body: bytes, client_id: Optional[str] = None) -> Response:
+    req = parse_body(ChatCompletionRequest, body)
+    state.check_model(req.model)
+    engine = state.ready_engine()
+    if req.n > state.config.max_n:
+        raise bad_request(f"n must be <= {state.config.max_n}", param="n")
+    base = chat_params(req, state.model_defaults())
+    prompt_ids = apply_chat_template(engine, req.messages, req.add_generation_prompt)
+
+    request_id = new_request_id("chatcmpl", client_id)
+    specs = [ChoiceSpec(index=i, prompt_index=0, prompt=prompt_ids, params=choice_params(base, i))
+             for i in range(req.n)]
+    try:
+        streams = ChoiceStreams.admit(engine, specs, request_id, req.priority)
+    except Exception as exc:  # noqa: BLE001 - ValueError/overload/dead -> 400/429/503
+        raise from_engine_error(exc) from exc
+    job = _Job(req, request_id, state.served_model_name, specs, len(prompt_ids))
+    if req.stream:
+        return sse_response(job.stream(streams), headers={"X-Request-Id": request_id})
+    return json_response(await job.full(streams), headers={"X-Request-Id": request_id})
+
+
+def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+    """The offline ``LLM.chat`` recipe: render the template, then tokenize without adding special tokens."""
+    tokenizer = engine.tokenizer
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise bad_request("this model has no chat template; use /v1/completions", param="messages")
+    try:
+        text = tokenizer.apply_chat_template([m.for_template() for m in messages], tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    except Exception as exc:  # noqa: BLE001 - jinja errors ("roles must alternate") are the user's input
+        raise bad_request(f"the chat template rejected the messages: {exc}", param="messages") from None
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    if not ids:
+        raise bad_request("the rendered conversation is empty", param="messages")
+    return ids
+
+
+class _Job:
+    def __init__(self, req: ChatCompletionRequest, request_id: str, model: str, specs: list[ChoiceSpec],
+                 prompt_length: int) -> None:
+        self.req, self.id, self.model, self.created = req, request_id, model, now()
+        self.prompt_length = prompt_length
+        self.top_n = req.top_logprobs or 0
+        self.results = {s.index: ChoiceResult(index=s.index, prompt_index=0) for s in specs}
+
+    def _envelope(self, obj: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def _usage(self) -> dict:
+        return usage(list(self.results.values()), [self.prompt_length])
+
+    def _logprobs(self, delta) -> Optional[dict]:
+        return chat_logprobs(delta.token_ids, delta.logprobs, self.top_n) if self.req.logprobs else None
+
+    async def full(self, streams: ChoiceStreams) -> dict:
+        try:
+            async with aclosing(streams.merged()) as merged:
+                async for spec, delta in merged:
+                    result = self.results[spec.index]
+                    result.add(delta)
+                    lp = self._logprobs(delta)
+                    if lp is not None:
+                        result.logprob_parts.extend(lp["content"])
+        except Exception as exc:  # noqa: BLE001
+            raise from_engine_error(exc) from exc
+        finally:
+            await streams.close()
+        choices = []
+        for index in sorted(self.results):
+            r = self.results[index]
+            choices.append({
+                "index": index,
+                "message": {"role": "assistant", "content": r.text},
+                "logprobs": {"content": r.logprob_parts} if self.req.logprobs else None,
+                "finish_reason": r.finish_reason,
+                "stop_reason": stop_reason_json(r.stop_reason),
+            })
+        return {**self._envelope("chat.completion", choices), "usage": self._usage()}
+
+    async def stream(self, streams: ChoiceStreams) -> AsyncIterator[bytes]:
+        options = self.req.stream_options
+        include_usage = options is not None and options.include_usage
+        continuous = include_usage and options.continuous_usage_stats
+        kind = "chat.completion.chunk"
+
+        def chunk(choice: dict) -> bytes:
+            obj = self._envelope(kind, [choice])
+            if include_usage:
+                obj["usage"] = self._usage() if continuous else None
+            return event(obj)
+
+        try:
+            # The role comes first, before any token, as OpenAI does; it also flushes the headers.
+            for index in sorted(self.results):
+                yield chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None})
+            async with aclosing(streams.merged()) as merged:
+                async for spec, delta in merged:
+                    self.results[spec.index].add(delta)
+                    lp = self._logprobs(delta)
+                    if not delta.text and not delta.finished and not (lp and lp["content"]):
+                        continue  # tokens whose text is held back (partial characters, possible stop)
+                    yield chunk({"index": spec.index, "delta": {"content": delta.text} if delta.text else {},
+                                 "logprobs": lp, "finish_reason": delta.finish_reason,
+                                 "stop_reason": stop_reason_json(delta.stop_reason)})
+            if include_usage:
+                yield event({**self._envelope(kind, []), "usage": self._usage()})
+        except Exception as exc:  # noqa: BLE001 - the headers are sent: report in-band
+            yield event(stream_error_event(exc))
+        finally:
+            await streams.close()  # also when the client left before the first chunk
+        yield DONE

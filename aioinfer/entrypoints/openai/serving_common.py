@@ -1,0 +1,94 @@
+"""Pieces shared by the completions and chat routes: parsing, ids, per-choice accumulation, usage."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from aioinfer.engine.delta import GenerationDelta
+from aioinfer.entrypoints.openai.errors import bad_request, from_engine_error, from_validation_error
+
+M = TypeVar("M", bound=BaseModel)
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def parse_body(model: type[M], body: bytes) -> M:
+    """Validate a raw JSON body; malformed JSON and invalid fields are 400s, never 500s."""
+    if not body.strip():
+        raise bad_request("The request body is empty; send a JSON object.", code="invalid_json")
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+    except ValueError as exc:  # e.g. invalid UTF-8
+        raise bad_request(f"Malformed JSON body: {exc}", code="invalid_json") from None
+
+
+def new_request_id(prefix: str, client_id: Optional[str]) -> str:
+    """``cmpl-<hex>`` / ``chatcmpl-<hex>``; a well-formed X-Request-Id from the client is kept (tracing)."""
+    if client_id and _CLIENT_ID.match(client_id):
+        return f"{prefix}-{client_id}"
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    """Everything one choice has produced so far."""
+
+    index: int
+    prompt_index: int
+    text_parts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprob_parts: list = field(default_factory=list)  # formatted per delta, joined at the end
+    finish_reason: Optional[str] = None
+    stop_reason: object = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    prompt_token_ids: list[int] = field(default_factory=list)
+
+    def add(self, delta: GenerationDelta) -> None:
+        self.text_parts.append(delta.text)
+        self.token_ids.extend(delta.token_ids)
+        self.finish_reason = delta.finish_reason
+        self.stop_reason = delta.stop_reason
+        self.num_prompt_tokens = delta.num_prompt_tokens
+        self.num_cached_tokens = delta.num_cached_tokens
+        self.num_output_tokens = delta.num_output_tokens
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+def usage(choices: list[ChoiceResult], prompt_lengths: list[int]) -> dict:
+    """OpenAI usage: each prompt counted once whatever n is; cached tokens summed over prompts."""
+    cached: dict[int, int] = {}
+    for choice in choices:
+        cached[choice.prompt_index] = max(cached.get(choice.prompt_index, 0), choice.num_cached_tokens)
+    prompt_tokens = sum(prompt_lengths)
+    completion_tokens = sum(c.num_output_tokens for c in choices)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": sum(cached.values())},
+    }
+
+
+def stream_error_event(exc: BaseException) -> dict:
+    return from_engine_error(exc).body()
+
+
+def stop_reason_json(value: object) -> object:
+    # The stop string or stop token id (vLLM's extra field); anything else is not JSON-safe.
+    return value if isinstance(value, (str, int)) or value is None else str(value)

@@ -1,0 +1,141 @@
+"""POST /v1/completions: OpenAI's legacy completions (prompt forms x n choices), streamed or not."""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+from typing import AsyncIterator, Optional
+
+from quart import Response
+
+from aioinfer.entrypoints.openai.errors import bad_request, from_engine_error
+from aioinfer.entrypoints.openai.fanout import ChoiceSpec, ChoiceStreams
+from aioinfer.entrypoints.openai.logprobs import CompletionLogprobs, merge_completion_logprobs
+from aioinfer.entrypoints.openai.protocol import CompletionRequest
+from aioinfer.entrypoints.openai.sampling import choice_params, completion_params
+from aioinfer.entrypoints.openai.server_state import ServerState
+from aioinfer.entrypoints.openai.serving_common import (
+    ChoiceResult,
+    new_request_id,
+    now,
+    parse_body,
+    stop_reason_json,
+    stream_error_event,
+    usage,
+)
+from aioinfer.entrypoints.openai.sse import DONE, event, json_response, sse_response
+
+
+async def create_completion(state: ServerState, body: bytes, client_id: Optional[str] = None) -> Response:
+    req = parse_body(CompletionRequest, body)
+    state.check_model(req.model)
+    engine = state.ready_engine()
+    if req.n > state.config.max_n:
+        raise bad_request(f"n must be <= {state.config.max_n}", param="n")
+    base = completion_params(req, state.model_defaults())
+    prompts = [req.prompt] if isinstance(req.prompt, str) or isinstance(req.prompt[0], int) else req.prompt
+    prompt_ids = [_tokenize(engine, p, req.add_special_tokens) for p in prompts]
+    echoes = [_echo_text(engine, p, ids) if req.echo else "" for p, ids in zip(prompts, prompt_ids)]
+
+    request_id = new_request_id("cmpl", client_id)
+    specs = [ChoiceSpec(index=pi * req.n + i, prompt_index=pi, prompt=ids, params=choice_params(base, i))
+             for pi, ids in enumerate(prompt_ids) for i in range(req.n)]
+    try:
+        streams = ChoiceStreams.admit(engine, specs, request_id, req.priority)
+    except Exception as exc:  # noqa: BLE001 - ValueError/overload/dead -> 400/429/503
+        raise from_engine_error(exc) from exc
+    job = _Job(req, request_id, state.served_model_name, specs, [len(ids) for ids in prompt_ids], echoes)
+    if req.stream:
+        return sse_response(job.stream(streams), headers={"X-Request-Id": request_id})
+    return json_response(await job.full(streams), headers={"X-Request-Id": request_id})
+
+
+def _tokenize(engine, prompt, add_special_tokens: bool) -> list[int]:
+    try:
+        if isinstance(prompt, str) and not add_special_tokens:
+            if engine.tokenizer is None:
+                raise ValueError("this model has no tokenizer: pass prompts as token id lists")
+            return engine.tokenize(list(engine.tokenizer.encode(prompt, add_special_tokens=False)))
+        return engine.tokenize(prompt)
+    except ValueError as exc:
+        raise bad_request(str(exc), param="prompt") from None
+    except Exception as exc:  # noqa: BLE001 - engine stopped or died meanwhile
+        raise from_engine_error(exc) from exc
+
+
+def _echo_text(engine, prompt, ids: list[int]) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    return engine.tokenizer.decode(ids) if engine.tokenizer is not None else ""
+
+
+class _Job:
+    def __init__(self, req: CompletionRequest, request_id: str, model: str, specs: list[ChoiceSpec],
+                 prompt_lengths: list[int], echoes: list[str]) -> None:
+        self.req, self.id, self.model, self.created = req, request_id, model, now()
+        self.prompt_lengths, self.echoes = prompt_lengths, echoes
+        self.results = {s.index: ChoiceResult(index=s.index, prompt_index=s.prompt_index) for s in specs}
+        self.logprobs = {s.index: CompletionLogprobs(req.logprobs, len(echoes[s.prompt_index]))
+                         for s in specs} if req.logprobs is not None else None
+
+    def _envelope(self, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def _usage(self) -> dict:
+        return usage(list(self.results.values()), self.prompt_lengths)
+
+    async def full(self, streams: ChoiceStreams) -> dict:
+        try:
+            async with aclosing(streams.merged()) as merged:
+                async for spec, delta in merged:
+                    self.results[spec.index].add(delta)
+                    if self.logprobs is not None:
+                        self.results[spec.index].logprob_parts.append(
+                            self.logprobs[spec.index].format(delta.token_ids, delta.logprobs))
+        except Exception as exc:  # noqa: BLE001
+            raise from_engine_error(exc) from exc
+        finally:
+            await streams.close()
+        choices = []
+        for index in sorted(self.results):
+            r = self.results[index]
+            choices.append({
+                "index": index,
+                "text": self.echoes[r.prompt_index] + r.text,
+                "logprobs": merge_completion_logprobs(r.logprob_parts),
+                "finish_reason": r.finish_reason,
+                "stop_reason": stop_reason_json(r.stop_reason),
+            })
+        return {**self._envelope(choices), "usage": self._usage()}
+
+    async def stream(self, streams: ChoiceStreams) -> AsyncIterator[bytes]:
+        options = self.req.stream_options
+        include_usage = options is not None and options.include_usage
+        continuous = include_usage and options.continuous_usage_stats
+        echoed: set[int] = set()
+        try:
+            async with aclosing(streams.merged()) as merged:
+                async for spec, delta in merged:
+                    result = self.results[spec.index]
+                    result.add(delta)
+                    text = delta.text
+                    if spec.index not in echoed:
+                        echoed.add(spec.index)
+                        text = self.echoes[spec.prompt_index] + text
+                    lp = (self.logprobs[spec.index].format(delta.token_ids, delta.logprobs)
+                          if self.logprobs is not None else None)
+                    if not text and not delta.finished and not (lp and lp["tokens"]):
+                        continue  # tokens whose text is held back (partial characters, possible stop)
+                    chunk = self._envelope([{
+                        "index": spec.index, "text": text, "logprobs": lp, "finish_reason": delta.finish_reason,
+                        "stop_reason": stop_reason_json(delta.stop_reason)}])
+                    if include_usage:
+                        chunk["usage"] = self._usage() if continuous else None
+                    yield event(chunk)
+            if include_usage:
+                yield event({**self._envelope([]), "usage": self._usage()})
+        except Exception as exc:  # noqa: BLE001 - the headers are sent: report in-band
+            yield event(stream_error_event(exc))
+        finally:
+            await streams.close()  # also when the client left before the first chunk
+        yield DONE

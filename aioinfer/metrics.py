@@ -1,0 +1,140 @@
+"""Prometheus metrics: an ``EngineObserver`` writing into one ``CollectorRegistry`` per app.
+
+Names follow vLLM where vLLM has the metric (so existing dashboards work); the rest are
+``aioinfer:``-prefixed. docs/server.md lists every series. Observers run on the event loop and
+must never raise, so every callback swallows (and logs) its own failures.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from aioinfer.engine.stats import RequestStats, StepStats
+
+logger = logging.getLogger(__name__)
+
+# vLLM's buckets, so that quantiles are comparable across the two servers.
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0)
+_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                    240.0, 480.0, 960.0, 1920.0, 7680.0)
+_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class PrometheusMetrics:
+    """All series of one server. ``observe_http`` is called by the app; the rest by the engine."""
+
+    def __init__(self, model_name: str, registry: Optional[CollectorRegistry] = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
+        r, labels = self.registry, ["model_name"]
+
+        def hist(name: str, doc: str, buckets) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(model_name)
+
+        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", labels,
+                             registry=r).labels(model_name)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels,
+                             registry=r).labels(model_name)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent.", labels,
+                              registry=r).labels(model_name)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of requests that were scheduled.",
+                                     labels, registry=r).labels(model_name)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels,
+                                         registry=r).labels(model_name)
+        self.preemptions = Counter("vllm:num_preemptions", "Requests preempted (KV recomputed later).", labels,
+                                   registry=r).labels(model_name)
+        self.success = Counter("vllm:request_success", "Requests that ended, by finish reason.",
+                               labels + ["finished_reason"], registry=r)
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Time between consecutive token deliveries.",
+                        _ITL_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "Arrival to end of a request.", _LATENCY_BUCKETS)
+        self.queue_time = hist("vllm:request_queue_time_seconds", "Arrival to first scheduled step.",
+                               _LATENCY_BUCKETS)
+        self.request_prompt_tokens = hist("vllm:request_prompt_tokens", "Prompt length of finished requests.",
+                                          _TOKEN_BUCKETS)
+        self.request_generation_tokens = hist("vllm:request_generation_tokens",
+                                              "Output length of finished requests.", _TOKEN_BUCKETS)
+        self.iteration_tokens = hist("vllm:iteration_tokens_total", "Tokens computed per engine step.",
+                                     _TOKEN_BUCKETS)
+        self.step_requests = hist("aioinfer:step_batched_requests", "Requests computed together in one step.",
+                                  _BATCH_BUCKETS)
+        self.step_time = hist("aioinfer:step_duration_seconds", "Wall time of one engine step.", _TTFT_BUCKETS)
+        self.rejected = Counter("aioinfer:requests_rejected", "Requests refused at admission, by reason.",
+                                labels + ["reason"], registry=r)
+        self.aborted = Counter("aioinfer:requests_aborted", "Requests aborted, by cause.",
+                               labels + ["cause"], registry=r)
+        self.failed = Counter("aioinfer:requests_failed", "Requests that ended with an engine error.", labels,
+                              registry=r).labels(model_name)
+        self.http = Counter("aioinfer:http_requests", "HTTP requests by route and status code.",
+                            labels + ["route", "status"], registry=r)
+
+    # ---------------------------------------------------------------- EngineObserver
+
+    def on_step(self, stats: StepStats) -> None:
+        try:
+            self.running.set(stats.num_running)
+            self.waiting.set(stats.num_waiting)
+            self.kv_usage.set(stats.kv_usage)
+            self.generation_tokens.inc(stats.num_generation_tokens)
+            if stats.num_preempted:
+                self.preemptions.inc(stats.num_preempted)
+            if stats.num_batched_requests:
+                self.iteration_tokens.observe(stats.num_scheduled_tokens)
+                self.step_requests.observe(stats.num_batched_requests)
+                self.step_time.observe(stats.step_time)
+        except Exception:  # noqa: BLE001 - observers must not raise
+            logger.exception("metrics: on_step failed")
+
+    def on_request_done(self, stats: RequestStats) -> None:
+        try:
+            m = self.model_name
+            if stats.queue_time is not None:  # it ran, so its prompt was computed
+                self.prompt_tokens.inc(stats.num_prompt_tokens)
+                self.queue_time.observe(stats.queue_time)
+            if stats.ttft is not None:
+                self.ttft.observe(stats.ttft)
+            for gap in stats.inter_token_latencies:
+                self.itl.observe(gap)
+            self.e2e.observe(stats.e2e_latency)
+            if stats.status == "error":
+                self.failed.inc()
+                return
+            self.success.labels(m, stats.finish_reason or "abort").inc()
+            self.request_prompt_tokens.observe(stats.num_prompt_tokens)
+            self.request_generation_tokens.observe(stats.num_output_tokens)
+            if stats.status == "aborted":
+                self.aborted.labels(m, stats.abort_cause or "unknown").inc()
+        except Exception:  # noqa: BLE001
+            logger.exception("metrics: on_request_done failed")
+
+    def on_rejected(self, reason: str) -> None:
+        try:
+            self.rejected.labels(self.model_name, reason).inc()
+        except Exception:  # noqa: BLE001
+            logger.exception("metrics: on_rejected failed")
+
+    # ---------------------------------------------------------------- server side
+
+    def observe_http(self, route: str, status: int) -> None:
+        self.http.labels(self.model_name, route, str(status)).inc()
+
+    def refresh(self, engine_stats: Optional[dict]) -> None:
+        """Gauges from the engine's snapshot at scrape time (no step runs while idle)."""
+        if not engine_stats:
+            return
+        self.running.set(engine_stats.get("num_running", 0))
+        self.waiting.set(engine_stats.get("num_waiting", 0))
+        self.kv_usage.set(engine_stats.get("kv_usage", 0.0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,117 @@
+"""Server settings: one frozen record, read from ``AIOINFER_*`` environment variables or CLI flags.
+
+Every engine option of the offline ``LLM`` has one variable (``AIOINFER_MAX_MODEL_LEN`` for
+``max_model_len``, ...); docs/server.md lists them all. A malformed value raises ``ValueError``
+naming the variable, so ``hypercorn aioinfer.app:app`` fails at import with a clear message
+instead of serving a misconfigured engine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Optional
+
+ENV_PREFIX = "AIOINFER_"
+
+# Engine options (passed to Engine(**engine_kwargs)) and their types. None of them is set unless
+# asked for, so the engine's own defaults stay the single source of truth.
+ENGINE_OPTIONS: dict[str, type] = {
+    "dtype": str,
+    "max_model_len": int,
+    "block_size": int,
+    "num_kv_blocks": int,
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+    "device": str,
+    "load_format": str,
+    "seed": int,
+    "tokenizer": str,
+    "gpu_memory_utilization": float,
+    "cpu_kv_cache_gib": float,
+    "attention_backend": str,
+    # async-engine options
+    "max_waiting_requests": int,
+    "max_waiting_prompt_tokens": int,
+    "stream_buffer_size": int,
+    "stall_timeout": float,
+    "fault_inject_step": int,  # tests only: make the step loop fail at this step
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    model: Optional[str] = None  # HF folder, .gguf file or hub id; None: the default model (fetched)
+    served_model_name: Optional[str] = None  # name in /v1/models and responses; None: engine.model_name
+    api_key: Optional[str] = None  # when set, every route but /health, /ready, /metrics needs the Bearer token
+    max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413
+    shutdown_grace: float = 10.0  # seconds in-flight requests may run on after SIGTERM before being aborted
+    max_n: int = 64  # upper bound on `n` (each choice is a separate engine request)
+    log_requests: bool = True  # one JSON line per finished request on the "aioinfer.requests" logger
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # see ENGINE_OPTIONS
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_body_bytes, int) and self.max_body_bytes > 0):
+            raise ValueError(f"max_body_bytes must be a positive integer, got {self.max_body_bytes!r}")
+        if not self.shutdown_grace >= 0:
+            raise ValueError(f"shutdown_grace must be >= 0, got {self.shutdown_grace!r}")
+        if not (isinstance(self.max_n, int) and self.max_n >= 1):
+            raise ValueError(f"max_n must be a positive integer, got {self.max_n!r}")
+        unknown = set(self.engine_kwargs) - set(ENGINE_OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown engine options: {sorted(unknown)}")
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "ServerConfig":
+        env = os.environ if environ is None else environ
+        own = {f.name: f.type for f in fields(cls) if f.name != "engine_kwargs"}
+        values: dict[str, Any] = {}
+        for name in own:
+            raw = _get(env, name)
+            if raw is not None:
+                values[name] = _parse(name, raw, _FIELD_TYPES[name])
+        engine_kwargs = {}
+        for name, typ in ENGINE_OPTIONS.items():
+            raw = _get(env, name)
+            if raw is not None:
+                engine_kwargs[name] = _parse(name, raw, typ)
+        return cls(engine_kwargs=engine_kwargs, **values)
+
+    def engine_arguments(self) -> dict[str, Any]:
+        """Keyword arguments for ``Engine(**...)`` (model included)."""
+        return {"model": self.model, **self.engine_kwargs}
+
+
+_FIELD_TYPES: dict[str, type] = {
+    "model": str, "served_model_name": str, "api_key": str, "max_body_bytes": int,
+    "shutdown_grace": float, "max_n": int, "log_requests": bool,
+}
+
+
+def env_name(option: str) -> str:
+    return ENV_PREFIX + option.upper()
+
+
+def _get(env: Mapping[str, str], name: str) -> Optional[str]:
+    raw = env.get(env_name(name))
+    if raw is None or raw.strip() == "":
+        return None  # an empty variable means "not set", as shells make that easy to produce
+    return raw.strip()
+
+
+def _parse(name: str, raw: str, typ: type) -> Any:
+    try:
+        if typ is bool:
+            lowered = raw.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if typ is int:
+            return int(raw)
+        if typ is float:
+            return float(raw)
+        return raw
+    except ValueError:
+        raise ValueError(f"{env_name(name)} must be {typ.__name__}, got {raw!r}") from None

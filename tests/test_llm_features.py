@@ -165,3 +165,11 @@ def test_dummy_weights_from_config_alone(model_dir, tmp_path):
     assert len(out.token_ids) == 4 and out.text == ""  # no tokenizer: token ids only
     with pytest.raises(ValueError, match="no tokenizer"):
         llm.generate(["text"], use_tqdm=False)
+
+
+def test_unreachable_hub_id_gives_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="Hugging Face hub"):
+        LLM(model="NoSuchOrg/no-such-model-xyz", device="cpu")
+    with pytest.raises(FileNotFoundError, match="not found"):
+        LLM(model="./no/such/folder", device="cpu")

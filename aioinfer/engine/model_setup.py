@@ -11,6 +11,7 @@ import torch
 from aioinfer.attention.backend import get_attention_backend
 from aioinfer.config import EngineConfig
 from aioinfer.engine.tokenizer import load_tokenizer
+from aioinfer.models.hub import download_from_hub, looks_like_hub_id
 from aioinfer.models.loader import load_arch_config, load_generation_defaults, load_model, resolve_model_source
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,10 @@ def resolve_dtype(name: str, device: torch.device, checkpoint_dtype: Optional[st
 def load_for_engine(config: EngineConfig) -> LoadedModel:
     from aioinfer.fetch import resolve_model_name
 
-    source = resolve_model_source(resolve_model_name(config.model.model))
+    name = resolve_model_name(config.model.model)
+    if looks_like_hub_id(name):
+        name = str(download_from_hub(name))
+    source = resolve_model_source(name)
     device = resolve_device(config.device)
     arch = load_arch_config(source)
     dtype = resolve_dtype(config.model.dtype, device, arch.dtype)

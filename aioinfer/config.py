@@ -61,6 +61,13 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: str = "auto"  # auto: cuda when available, else cpu
     attention_backend: str = "auto"
+    enforce_eager: bool = False  # True: no CUDA graphs
+    max_cuda_graph_batch_size: int = 256  # decode batches up to this size replay captured graphs
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.enforce_eager, bool), "enforce_eager", self.enforce_eager, "must be a bool")
+        _check(_positive_int(self.max_cuda_graph_batch_size), "max_cuda_graph_batch_size",
+               self.max_cuda_graph_batch_size, "must be a positive integer")
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineConfig":
@@ -69,7 +76,8 @@ class EngineConfig:
         for section_cls in (ModelConfig, CacheConfig, SchedulerConfig):
             names = {f.name for f in fields(section_cls)}
             sections[section_cls] = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
-        top = {k: kwargs.pop(k) for k in list(kwargs) if k in ("device", "attention_backend")}
+        top = {k: kwargs.pop(k) for k in list(kwargs)
+               if k in ("device", "attention_backend", "enforce_eager", "max_cuda_graph_batch_size")}
         if kwargs:
             raise TypeError(f"unknown engine options: {sorted(kwargs)}")
         return cls(

@@ -15,7 +15,9 @@ from aioinfer.attention.context import forward_context
 from aioinfer.config import EngineConfig
 from aioinfer.core.scheduler_output import RunnerOutput, SchedulerOutput, TokenLogprobs
 from aioinfer.sampling_params import SamplingParams
-from aioinfer.worker.batch_inputs import build_step_inputs
+from aioinfer.core.kv_cache_manager import cdiv
+from aioinfer.worker.cuda_graphs import CudaGraphRunner
+from aioinfer.worker.input_buffers import InputBuffers
 from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches, choose_num_blocks
 from aioinfer.worker.sampler import Sampler
 from aioinfer.worker.sampling_metadata import SamplingMetadata, SamplingRow
@@ -55,6 +57,16 @@ class ModelRunner:
         self.kv_caches = allocate_kv_caches(self.spec, self.num_kv_blocks, device)
         for layer, cache in zip(model.attention_layers(), self.kv_caches):
             layer.kv_cache = cache
+        max_blocks_per_seq = cdiv(max_model_len, self.block_size)
+        self.inputs = InputBuffers(config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs,
+                                   max_blocks_per_seq, self.block_size, device)
+        self.graphs = None
+        backend = model.attention_layers()[0].backend
+        if device.type == "cuda" and not config.enforce_eager and getattr(backend, "supports_cuda_graphs", False):
+            max_bs = min(config.max_cuda_graph_batch_size, config.scheduler.max_num_seqs,
+                         config.scheduler.max_num_batched_tokens)
+            self.graphs = CudaGraphRunner(model, max_bs, max_blocks_per_seq, max_model_len, device)
+            self.graphs.capture()
         self.sampler = Sampler()
         self._states: dict[str, _RequestState] = {}
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", self.num_kv_blocks, self.block_size,
@@ -75,9 +87,12 @@ class ModelRunner:
         if scheduler_output.is_empty:
             return RunnerOutput(sampled_request_ids=[], sampled_token_ids=[])
 
-        inputs = build_step_inputs(scheduler_output.scheduled, self.block_size, self.device)
-        with forward_context(inputs.attention):
-            hidden = self.model(inputs.input_ids, inputs.positions)
+        inputs = self.inputs.prepare(scheduler_output.scheduled)
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            hidden = self.graphs.run(inputs)
+        else:
+            with forward_context(inputs.attention):
+                hidden = self.model(inputs.input_ids, inputs.positions)
         if not inputs.sampled_request_ids:
             return RunnerOutput(sampled_request_ids=[], sampled_token_ids=[])
         logits = self.model.compute_logits(hidden[inputs.logits_indices])

@@ -369,7 +369,7 @@ def test_skips_work_no_row_needs(monkeypatch):
     rows = [make_row(temperature=0, prompt=[], output=[]), make_row(temperature=0)]
     md = SamplingMetadata.build(rows, V, "cpu")
     assert md.all_greedy and md.temperature is None and md.penalties is None
-    assert md.top_k is None and md.top_p is None and md.min_p is None and md.generator_seeds == []
+    assert md.top_k is None and md.top_p is None and md.min_p is None and md.noise_keys is None
 
     def boom(*args, **kwargs):
         raise AssertionError("all-greedy batch must not build a distribution")
@@ -397,3 +397,129 @@ def test_no_host_sync_on_cuda():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert out.sampled_token_ids.device.type == "cuda"
+
+
+# ----------------------------------------------------------------------------- seeded noise
+
+from aioinfer.worker import seeded_noise  # noqa: E402
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _keys(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return torch.tensor([seeded_noise.noise_key(int(rng.integers(-(1 << 62), 1 << 62)), int(rng.integers(1 << 20)))
+                         for _ in range(n)], dtype=torch.int64)
+
+
+def test_noise_hash_matches_python_splitmix():
+    keys = _keys(6)
+    keys[0] = 0
+    keys[1] = -1  # all bits set
+    vocab = 5000
+    bits = seeded_noise.hash_bits_torch(keys, vocab)
+    rng = np.random.default_rng(1)
+    mask = (1 << 64) - 1
+    for r in range(len(keys)):
+        key = int(keys[r]) & mask
+        for v in [0, 1, vocab - 1, *rng.integers(vocab, size=40).tolist()]:
+            # splitmix64 stream seeded by the key: element v is mix(key + (v + 1) * golden).
+            expected = seeded_noise.splitmix64((key + v * seeded_noise._GOLDEN) & mask)
+            assert int(bits[r, v]) == seeded_noise.to_int64(expected), (r, v)
+
+
+def test_noise_is_exponential_and_batch_free():
+    keys = _keys(40, seed=2)
+    noise = seeded_noise.seeded_exponential_torch(keys, 5000)  # [40, 5000]
+    assert noise.dtype == torch.float32 and (noise > 0).all() and torch.isfinite(noise).all()
+    pvalue = scipy_stats.kstest(noise.flatten().double().numpy(), "expon").pvalue
+    assert pvalue > ALPHA, pvalue
+    # A row's noise depends on its key alone: not on the batch size, order or neighbours.
+    perm = torch.randperm(len(keys), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(seeded_noise.seeded_exponential_torch(keys[perm], 5000), noise[perm])
+    assert torch.equal(seeded_noise.seeded_exponential_torch(keys[7:8], 5000), noise[7:8])
+    # Consecutive steps of one seed, and neighbouring seeds, give unrelated streams.
+    steps = torch.tensor([seeded_noise.noise_key(5, s) for s in range(8)] +
+                         [seeded_noise.noise_key(s, 0) for s in range(100, 108)], dtype=torch.int64)
+    corr = np.corrcoef(seeded_noise.seeded_exponential_torch(steps, 20000).numpy())
+    off_diagonal = corr[~np.eye(len(steps), dtype=bool)]
+    assert np.abs(off_diagonal).max() < 0.04, np.abs(off_diagonal).max()
+    assert seeded_noise.noise_key(-1, 0) == seeded_noise.noise_key((1 << 64) - 1, 0)
+
+
+def test_triton_kernel_interpreted_matches_torch():
+    # The CUDA kernel, run by Triton's interpreter on CPU tensors: same 64 bits, same noise.
+    pytest.importorskip("triton")
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from aioinfer.worker import seeded_noise as sn\n"
+        "keys = torch.tensor([sn.noise_key(s, t) for s, t in [(0, 0), (1, 0), (-1, 5), (1 << 70, 3), (7, 999)]])\n"
+        "for vocab, block in [(1, 16), (1000, 256), (3001, 1024)]:\n"
+        "    bits = sn.seeded_exponential_triton(keys, vocab, block=block, raw_bits=True)\n"
+        "    assert torch.equal(bits, sn.hash_bits_torch(keys, vocab)), vocab\n"
+        "    noise = sn.seeded_exponential_triton(keys, vocab, block=block)\n"
+        "    torch.testing.assert_close(noise, sn.seeded_exponential_torch(keys, vocab), rtol=1e-6, atol=1e-7)\n"
+        "print('ok')\n"
+    )
+    import os
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@CUDA
+def test_gpu_noise_bits_match_cpu():
+    keys = _keys(64, seed=3)
+    vocab = 151936  # Qwen2.5's vocabulary: several blocks per row, a ragged last block
+    bits = seeded_noise.seeded_exponential_triton(keys.cuda(), vocab, raw_bits=True)
+    assert torch.equal(bits.cpu(), seeded_noise.hash_bits_torch(keys, vocab))
+    noise = seeded_noise.seeded_exponential(keys.cuda(), vocab)
+    torch.testing.assert_close(noise.cpu(), seeded_noise.seeded_exponential_torch(keys, vocab), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.gpu
+@CUDA
+def test_gpu_tokens_match_cpu_sampler():
+    # Same seeds on CPU and GPU: same noise, so the same token wherever the two devices' float
+    # rounding of the probabilities does not flip a near-tie (rare); and the same distribution.
+    n, vocab = 8000, 64
+    rng = np.random.default_rng(4)
+    raws = (rng.normal(size=(n, vocab)) * 2).astype(np.float32)
+    params = dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.02, repetition_penalty=1.2,
+                  frequency_penalty=0.3, presence_penalty=0.2)
+    rows = [make_row(seed=i, **params) for i in range(n)]
+    cpu = run(rows, raws, "cpu")[0].sampled_token_ids.numpy()
+    gpu = run(rows, raws, "cuda")[0].sampled_token_ids.cpu().numpy()
+    assert (cpu == gpu).mean() >= 0.999, (cpu == gpu).mean()
+    # Two-sample chi-square on one fixed distribution, disjoint seeds per device.
+    rows_a = [make_row(seed=i, **CONFIGS["everything"]) for i in range(6000)]
+    rows_b = [make_row(seed=10**6 + i, **CONFIGS["everything"]) for i in range(6000)]
+    counts_gpu = np.bincount(run(rows_a, RAW, "cuda")[0].sampled_token_ids.cpu().numpy(), minlength=V)
+    counts_cpu = np.bincount(run(rows_b, RAW, "cpu")[0].sampled_token_ids.numpy(), minlength=V)
+    used = (counts_gpu + counts_cpu) > 0
+    pvalue = scipy_stats.chi2_contingency(np.stack([counts_gpu[used], counts_cpu[used]])).pvalue
+    assert pvalue > ALPHA, (pvalue, counts_gpu, counts_cpu)
+
+
+@pytest.mark.gpu
+@CUDA
+def test_gpu_seeds_reproduce_at_full_vocab():
+    vocab = 151936
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(32, vocab, generator=gen) * 3
+    rows = [make_row(seed=1000 + i, temperature=1.0, top_p=0.95) for i in range(32)]
+    first = run(rows, logits, "cuda")[0].sampled_token_ids.cpu()
+    again = run(rows, logits, "cuda", sampler=Sampler())[0].sampled_token_ids.cpu()
+    perm = torch.randperm(32, generator=gen)
+    shuffled = run([rows[i] for i in perm.tolist()], logits[perm], "cuda")[0].sampled_token_ids.cpu()
+    assert torch.equal(first, again) and torch.equal(shuffled, first[perm])
+    alone = run(rows[5:6], logits[5:6], "cuda")[0].sampled_token_ids.cpu()
+    assert alone.item() == first[5].item()
+    cpu = run(rows, logits, "cpu")[0].sampled_token_ids
+    assert (cpu == first).float().mean() >= 0.9  # same noise; only float near-ties may differ
+    assert len(set(first.tolist())) > 16

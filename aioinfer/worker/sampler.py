@@ -4,9 +4,11 @@ Order (vLLM's): raw logprobs -> logit_bias -> min_tokens -> repetition / frequen
 penalties -> greedy argmax, or temperature -> top-k -> top-p -> min-p -> sample.
 
 Random rows sample with the exponential race: ``argmax(p / E)`` with ``E ~ Exp(1)`` iid picks
-token ``i`` with probability ``p_i`` and needs no cumulative sum or host-side draw. Each row's
-``E`` comes from a generator seeded from (row seed, step) alone, so a seeded row gets the same
-token whatever else is in the batch and a recomputed (preempted) request continues identically.
+token ``i`` with probability ``p_i`` and needs no cumulative sum or host-side draw. All rows' ``E``
+come from one vectorised counter-based draw (seeded_noise.py: a Triton kernel on CUDA, the same
+hash in torch on CPU) keyed by (row seed, step) alone, so a seeded row gets the same token whatever
+else is in the batch, a recomputed (preempted) request continues identically, and CPU and GPU draw
+the same noise. No step of the sampler syncs with the host.
 """
 
 from __future__ import annotations
@@ -19,9 +21,7 @@ import torch
 from aioinfer.worker.logprobs import compute_logprobs
 from aioinfer.worker.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
 from aioinfer.worker.sampling_metadata import SamplingMetadata
-
-# Smallest positive float32: an Exp(1) draw of exactly 0 would turn p / E into inf (or 0 / 0 = nan).
-_TINY = torch.finfo(torch.float32).tiny
+from aioinfer.worker.seeded_noise import seeded_exponential
 
 
 @dataclass(slots=True)
@@ -36,11 +36,7 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Stateless apart from cached generators: ``Sampler()(logits, metadata) -> SamplerOutput``."""
-
-    def __init__(self) -> None:
-        # One generator per device, re-seeded per row; re-seeding is cheap and leaves no state behind.
-        self._generators: dict[torch.device, torch.Generator] = {}
+    """Stateless: ``Sampler()(logits, metadata) -> SamplerOutput``."""
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row. ``logits``: [N, V] raw model logits; not modified."""
@@ -62,21 +58,13 @@ class Sampler:
              out.top_logprobs) = compute_logprobs(raw, sampled, metadata.max_num_logprobs)
         return out
 
-    def _random_sample(self, probs: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    @staticmethod
+    def _random_sample(probs: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         # probs: [N, V], unnormalised is fine: argmax(p / E) does not care about scale.
-        noise = torch.empty_like(probs)  # [N, V]; greedy rows are never drawn, their result is replaced
-        generator = self._generator(probs.device)
-        # One seeded draw per random row; a Philox kernel keyed by (seed, step) can replace this loop.
-        for row, seed in metadata.generator_seeds:
-            generator.manual_seed(seed)
-            noise[row].exponential_(generator=generator)
-        return probs.div_(noise.clamp_min_(_TINY)).argmax(dim=-1)
-
-    def _generator(self, device: torch.device) -> torch.Generator:
-        generator = self._generators.get(device)
-        if generator is None:
-            generator = self._generators[device] = torch.Generator(device=device)
-        return generator
+        # One draw for every row (greedy rows too: their key is 0 and their result is replaced).
+        # E > 0 always (u < 1 strictly), so p / E is never nan.
+        noise = seeded_exponential(metadata.noise_keys, probs.shape[1])  # [N, V] float32
+        return probs.div_(noise).argmax(dim=-1)
 
 
 def process_logits(raw_logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:

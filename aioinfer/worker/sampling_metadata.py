@@ -15,8 +15,7 @@ import torch
 
 from aioinfer.sampling_params import SamplingParams
 from aioinfer.worker.penalties import PenaltyTensors
-
-_MASK64 = (1 << 64) - 1
+from aioinfer.worker.seeded_noise import noise_key
 
 
 @dataclass(slots=True)
@@ -43,8 +42,9 @@ class SamplingMetadata:
     top_k: Optional[torch.Tensor]  # [N] int64 in [1, V] (V = off); None when no row uses top-k
     top_p: Optional[torch.Tensor]  # [N] float32, inf = off; None when no row uses top-p
     min_p: Optional[torch.Tensor]  # [N] float32, 0 = off; None when no row uses min-p
-    # (row, 64-bit generator seed mixed from (row seed, step)) for every random row, in row order.
-    generator_seeds: list[tuple[int, int]]
+    # [N] int64 noise key per row, mixed on the host from (row seed, step); 0 on greedy rows (their
+    # draw is discarded). None when all greedy. See seeded_noise.py.
+    noise_keys: Optional[torch.Tensor]
     bias_index: Optional[torch.Tensor]  # [B] int64 flat index row * V + token; None without logit_bias
     bias_value: Optional[torch.Tensor]  # [B] float32, added to the logit at bias_index
     min_tokens_index: Optional[torch.Tensor]  # [M] int64 flat index row * V + token to set to -inf
@@ -104,8 +104,9 @@ class SamplingMetadata:
             top_k=top_k,
             top_p=top_p,
             min_p=min_p,
-            generator_seeds=[(i, mix_seed(row.seed, len(row.output_token_ids)))
-                             for i, (row, g) in enumerate(zip(rows, greedy)) if not g],
+            noise_keys=None if all_greedy else host_to_device(
+                [0 if g else noise_key(row.seed, len(row.output_token_ids)) for row, g in zip(rows, greedy)],
+                torch.int64, device),
             bias_index=host_to_device(bias_rows, torch.int64, device) if bias_rows else None,
             bias_value=host_to_device(bias_values, torch.float32, device) if bias_rows else None,
             min_tokens_index=host_to_device(masked, torch.int64, device) if masked else None,
@@ -173,18 +174,10 @@ def host_to_device(data: list | np.ndarray, dtype: torch.dtype, device: torch.de
     return torch.tensor(data, dtype=dtype, device=device)
 
 
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
 def mix_seed(seed: int, step: int) -> int:
-    """A 64-bit generator seed that depends only on (row seed, step).
+    """The row's 64-bit noise key as an unsigned int; depends only on (row seed, step).
 
     Step is the number of tokens the row generated before this one, so a preempted request that is
     recomputed draws the same noise again, and nothing about the rest of the batch enters.
-    Two rounds of splitmix64 keep nearby (seed, step) pairs from giving correlated streams.
     """
-    return _splitmix64(_splitmix64(seed & _MASK64) ^ (step & _MASK64))
+    return noise_key(seed, step) & ((1 << 64) - 1)

@@ -1,0 +1,327 @@
+"""Workload 1 (offline throughput) for aioinfer and, in the same run, transformers' peers.
+
+    python -m benchmarks.offline_throughput --model qwen2.5-0.5b --peer-requests 32 --out results/w1.json
+
+Each system runs in its own child process (own CUDA context; memory freed between systems):
+- ``aioinfer``: ``LLM(model=folder, load_format="dummy", dtype="bfloat16")`` on the whole workload,
+  then on the peers' subset (the first ``--peer-requests`` requests), so that the peer ratio
+  compares like with like;
+- ``hf-cb-graphs`` / ``hf-cb-eager``: transformers continuous batching (attn ``paged|sdpa``),
+  CUDA graphs on / off;
+- ``hf-generate``: plain ``generate`` on static batches (sdpa, left padding); a batch runs until its
+  longest request is done, and only the requested tokens are counted.
+The peers are slow (BENCHMARKS.md: ~4 minutes for the whole workload on 7b), hence the subset.
+Reports output tok/s, the ratio to each peer (same subset) and the ratio to the physical floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import inspect
+import tempfile
+import time
+from typing import Any
+
+from benchmarks.common import (SHAPES, ceilings, dump, environment, format_table, output_tokens, run_child,
+                               workload1, workload_floor, write_child_result, write_dummy_model)
+
+PEERS = ("hf-cb-graphs", "hf-cb-eager", "hf-generate")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    p.add_argument("--num-requests", type=int, default=256, help="aioinfer's run (the workload: 256)")
+    p.add_argument("--peer-requests", type=int, default=32, help="peers run the first N requests (0: all)")
+    p.add_argument("--peers", default=",".join(PEERS), help=f"comma list out of {PEERS}")
+    p.add_argument("--skip-peers", action="store_true")
+    p.add_argument("--generate-batch-size", type=int, default=64, help="hf-generate's static batch")
+    p.add_argument("--attention-backend", default=None)
+    p.add_argument("--enforce-eager", choices=("true", "false"), default=None)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--device", default=None, help="cuda (default when present) or cpu (smoke test)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds for aioinfer's child process")
+    p.add_argument("--peer-timeout", type=float, default=900, help="seconds per peer's child process")
+    p.add_argument("--out", default=None, help="JSON results")
+    # Child-process mode (internal).
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--folder", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    shape = SHAPES[args.model]
+    tok_max = min(10000, shape.vocab - 1)
+    requests = workload1(max_token_id=tok_max)[: args.num_requests]
+    n_peer = args.peer_requests or len(requests)
+    subset = workload1(max_token_id=tok_max)[:n_peer]
+
+    if args.child:
+        result = run_system(args.child, args, device, requests, subset)
+        write_child_result(args.child_out, result)
+        return
+
+    env = environment()
+    ceil = ceilings(device == "cuda")
+    floor_full = workload_floor(shape, requests, ceil["copy_bytes_per_s"], ceil["matmul_flop_per_s"])
+    floor_subset = workload_floor(shape, subset, ceil["copy_bytes_per_s"], ceil["matmul_flop_per_s"])
+    print(f"{env}\nceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+          f"bf16 matmul {ceil['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s ({ceil['ceilings_source']})", flush=True)
+
+    peers = [] if args.skip_peers else [x for x in args.peers.split(",") if x]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_dummy_model(shape, tmp)
+        common = ["benchmarks.offline_throughput", "--model", args.model, "--folder", str(folder),
+                  "--num-requests", str(args.num_requests), "--peer-requests", str(n_peer),
+                  "--device", device, "--max-num-seqs", str(args.max_num_seqs),
+                  "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+                  "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+                  "--generate-batch-size", str(args.generate_batch_size)]
+        if args.attention_backend:
+            common += ["--attention-backend", args.attention_backend]
+        if args.enforce_eager:
+            common += ["--enforce-eager", args.enforce_eager]
+        common += ["--peers", ",".join(peers)] if peers else ["--skip-peers"]
+        results: dict[str, Any] = {}
+        for system in ["aioinfer", *peers]:
+            results[system] = run_child(common + ["--child", system],
+                                        args.timeout if system == "aioinfer" else args.peer_timeout)
+            print(f"{system}: {results[system]}", flush=True)
+
+    ours = results["aioinfer"]
+    rows = []
+    full = ours.get("full")
+    if full:
+        rows.append(["aioinfer", len(requests), full["output_tokens"], full["seconds"], full["tok_per_s"],
+                     None, full["tok_per_s"] / floor_full["floor_tok_per_s"]])
+    else:
+        rows.append(["aioinfer", len(requests), None, None, None, None, None, ours.get("error")])
+    ours_subset = ours.get("subset")
+    if peers and ours_subset:
+        rows.append(["aioinfer (peer subset)", n_peer, ours_subset["output_tokens"], ours_subset["seconds"],
+                     ours_subset["tok_per_s"], None, ours_subset["tok_per_s"] / floor_subset["floor_tok_per_s"]])
+    ratios = {}
+    for peer in peers:
+        r = results[peer]
+        if "tok_per_s" not in r:
+            rows.append([peer, n_peer, None, None, None, None, None, r.get("error")])
+            continue
+        ratio = ours_subset["tok_per_s"] / r["tok_per_s"] if ours_subset else None
+        ratios[peer] = ratio
+        rows.append([peer, n_peer, r["output_tokens"], r["seconds"], r["tok_per_s"],
+                     None if ratio is None else f"aioinfer {ratio:.1f}x",
+                     r["tok_per_s"] / floor_subset["floor_tok_per_s"]])
+
+    payload = {"benchmark": "offline_throughput (workload 1)", "model": args.model, "shape": shape.hf_config(),
+               "environment": env, "ceilings": ceil, "floor_full": floor_full, "floor_subset": floor_subset,
+               "num_requests": len(requests), "peer_requests": n_peer, "results": results,
+               "aioinfer_over_peer_same_subset": ratios, "argv": vars(args)}
+    dump(args.out, payload)
+    print()
+    print(f"workload 1, {args.model} (dummy bf16 weights), {env.get('device')}, {env['date']}; floor for "
+          f"{len(requests)} requests {floor_full['floor_s']:.2f} s = {floor_full['floor_tok_per_s']:,.0f} tok/s "
+          f"(compute {floor_full['floor_compute_s']:.2f} s, memory {floor_full['floor_memory_s']:.2f} s); "
+          f"peers on the first {n_peer} requests (floor {floor_subset['floor_tok_per_s']:,.0f} tok/s)")
+    print(format_table(["system", "requests", "output tokens", "seconds", "tok/s", "vs peer (same subset)",
+                        "of floor", "note"], [row + [None] * (8 - len(row)) for row in rows]))
+
+
+# ----------------------------------------------------------------------------- children
+
+def run_system(system: str, args, device: str, requests, subset) -> dict[str, Any]:
+    if system == "aioinfer":
+        return run_aioinfer(args, device, requests, subset)
+    if system in ("hf-cb-graphs", "hf-cb-eager"):
+        return run_hf_cb(args, device, subset, graphs=system == "hf-cb-graphs")
+    if system == "hf-generate":
+        return run_hf_generate(args, device, subset)
+    raise SystemExit(f"unknown system {system}")
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_aioinfer(args, device: str, requests, subset) -> dict[str, Any]:
+    from aioinfer import SamplingParams
+    from benchmarks.common import make_llm
+
+    t0 = time.perf_counter()
+    llm, dropped = make_llm(args.folder, device,
+                            None if args.enforce_eager is None else args.enforce_eager == "true",
+                            args.attention_backend, max_model_len=2048, max_num_seqs=args.max_num_seqs,
+                            max_num_batched_tokens=args.max_num_batched_tokens,
+                            gpu_memory_utilization=args.gpu_memory_utilization)
+    init_s = time.perf_counter() - t0
+
+    def generate(reqs) -> dict[str, Any]:
+        params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.0) for r in reqs]
+        _sync(device)
+        start = time.perf_counter()
+        outs = llm.generate([r.prompt for r in reqs], params, use_tqdm=False)
+        _sync(device)
+        seconds = time.perf_counter() - start
+        got = sum(len(o.outputs[0].token_ids) for o in outs)
+        assert got == output_tokens(reqs), (got, output_tokens(reqs))
+        return {"output_tokens": got, "seconds": seconds, "tok_per_s": got / seconds}
+
+    # Warm-up: first kernels, allocator, graph capture (when the engine has it).
+    t0 = time.perf_counter()
+    generate(workload1(num_requests=4, seed=1, max_input_len=200, max_output_len=110, max_token_id=500))
+    warmup_s = time.perf_counter() - t0
+    result: dict[str, Any] = {"init_s": init_s, "warmup_s": warmup_s, "dropped_options": dropped,
+                              "attention_backend": getattr(llm.config, "attention_backend", None)}
+    result["full"] = generate(requests)
+    print(f"aioinfer full: {result['full']}", flush=True)
+    if args.peers and not args.skip_peers:
+        result["subset"] = generate(subset)
+    return result
+
+
+def _load_hf(folder: str, device: str, attn: str):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(folder)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    with torch.device(device):  # random init straight on the GPU (CPU init of 7b takes minutes)
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
+        except TypeError:
+            model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation=attn)
+    model = model.to(device=device, dtype=dtype).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _kwargs_for(fn, **kwargs) -> dict[str, Any]:
+    names = inspect.signature(fn).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in names.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in names}
+
+
+def run_hf_cb(args, device: str, subset, graphs: bool) -> dict[str, Any]:
+    """transformers continuous batching, attn ``paged|sdpa``, CUDA graphs on or off."""
+    import torch
+    import transformers
+    from transformers import GenerationConfig
+
+    model = _load_hf(args.folder, device, "paged|sdpa")
+    gen = GenerationConfig(max_new_tokens=max(r.max_tokens for r in subset), do_sample=False,
+                           eos_token_id=None, pad_token_id=0)
+    cb_config = None
+    note = []
+    cb_cls = getattr(transformers, "ContinuousBatchingConfig", None)
+    if cb_cls is not None:
+        fields = getattr(cb_cls, "__dataclass_fields__", {}) or inspect.signature(cb_cls).parameters
+        cb_kwargs = {"use_cuda_graph": graphs}
+        if "auto_switch_to_flash" in fields:
+            cb_kwargs["auto_switch_to_flash"] = False  # keep paged|sdpa, the named peer
+        cb_config = cb_cls(**{k: v for k, v in cb_kwargs.items() if k in fields})
+        if "use_cuda_graph" not in fields:
+            note.append("ContinuousBatchingConfig has no use_cuda_graph")
+    else:
+        gen.use_cuda_graph = graphs  # older transformers read it from the generation config
+        note.append("use_cuda_graph set on GenerationConfig")
+
+    hints = None
+    try:
+        from transformers.generation.continuous_batching.utils import WorkloadHints
+
+        hints = WorkloadHints(max_prompt_length=max(len(r.prompt) for r in subset),
+                              max_generated_length=max(r.max_tokens for r in subset), num_requests=len(subset))
+    except (ImportError, TypeError):
+        pass
+    cm_kwargs = _kwargs_for(model.continuous_batching_context_manager, generation_config=gen,
+                            continuous_batching_config=cb_config, workload_hints=hints, block=True, timeout=10)
+    result: dict[str, Any] = {"transformers": transformers.__version__, "attn": "paged|sdpa", "cuda_graphs": graphs,
+                              "notes": note, "context_manager_kwargs": sorted(k for k, v in cm_kwargs.items()
+                                                                              if v is not None)}
+    t0 = time.perf_counter()
+    with model.continuous_batching_context_manager(**cm_kwargs) as manager:
+        result["start_s"] = time.perf_counter() - t0
+
+        def run(reqs, tag: str) -> tuple[int, float]:
+            add_kwargs = _kwargs_for(manager.add_request, eos_token_id=-1)
+            _sync(device)
+            start = time.perf_counter()
+            ids = {}
+            for i, r in enumerate(reqs):
+                rid = manager.add_request(input_ids=r.prompt, request_id=f"{tag}{i}", max_new_tokens=r.max_tokens,
+                                          **add_kwargs)
+                ids[rid] = r.max_tokens
+            got = 0
+            done = 0
+            while done < len(reqs):
+                out = manager.get_result(timeout=5)
+                if out is None:
+                    if hasattr(manager, "is_running") and not manager.is_running():
+                        raise RuntimeError("transformers' generation thread stopped")
+                    continue
+                if hasattr(out, "is_finished") and not out.is_finished():
+                    continue
+                if getattr(out, "error", None):
+                    raise RuntimeError(f"request {out.request_id}: {out.error}")
+                got += len(out.generated_tokens)
+                done += 1
+            _sync(device)
+            return got, time.perf_counter() - start
+
+        run(workload1(num_requests=4, seed=1, max_input_len=200, max_output_len=110, max_token_id=500), "warm")
+        got, seconds = run(subset, "r")
+    expected = output_tokens(subset)
+    result.update(output_tokens=expected, generated_tokens=got, seconds=seconds, tok_per_s=expected / seconds)
+    if got != expected:
+        result["notes"].append(f"generated {got} tokens, expected {expected}")
+    del model
+    gc.collect()
+    torch.cuda.empty_cache() if device == "cuda" else None
+    return result
+
+
+def run_hf_generate(args, device: str, subset) -> dict[str, Any]:
+    """Plain ``generate``: static batches in workload order, left padding, sdpa, greedy, EOS off."""
+    import torch
+    import transformers
+
+    model = _load_hf(args.folder, device, "sdpa")
+
+    def batch_generate(reqs) -> int:
+        width = max(len(r.prompt) for r in reqs)
+        ids = torch.zeros(len(reqs), width, dtype=torch.long)
+        mask = torch.zeros(len(reqs), width, dtype=torch.long)
+        for i, r in enumerate(reqs):
+            ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
+            mask[i, width - len(r.prompt):] = 1
+        new = max(r.max_tokens for r in reqs)
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=new,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+        return (out.shape[1] - width) * len(reqs)
+
+    with torch.inference_mode():
+        batch_generate(workload1(num_requests=2, seed=1, max_input_len=200, max_output_len=110, max_token_id=500))
+        _sync(device)
+        start = time.perf_counter()
+        generated = 0
+        bs = args.generate_batch_size
+        for i in range(0, len(subset), bs):
+            generated += batch_generate(subset[i:i + bs])
+        _sync(device)
+        seconds = time.perf_counter() - start
+    expected = output_tokens(subset)
+    return {"transformers": transformers.__version__, "attn": "sdpa", "batch_size": bs, "output_tokens": expected,
+            "generated_tokens_incl_padding": generated, "seconds": seconds, "tok_per_s": expected / seconds}
+
+
+if __name__ == "__main__":
+    main()

@@ -175,7 +175,7 @@ def run_prefill(model, heads, total, gen, rows, tune_cfgs=()):
     torch.cuda.empty_cache()
 
 
-def launch_overhead(gen):
+def launch_overhead(gen, n=300):
     """Host microseconds per eager call: the decode wrapper (checks + launch) vs launching the
     jitted kernel directly, and the prefill wrapper (what a non-graph step pays per layer)."""
     from aioinfer.attention.triton_ops import decode as dec
@@ -198,13 +198,13 @@ def launch_overhead(gen):
     }
     res = {}
     for name, fn in fns.items():
-        for _ in range(20):
+        for _ in range(min(n, 20)):
             fn()
         torch.cuda.synchronize()
         t = time.perf_counter()
-        for _ in range(300):
+        for _ in range(n):
             fn()
-        res[name] = (time.perf_counter() - t) / 300 * 1e6
+        res[name] = (time.perf_counter() - t) / n * 1e6
         torch.cuda.synchronize()
     return res
 

@@ -112,8 +112,14 @@ def test_forward_no_cache_matches_reference():
         s += n
 
 
-def test_unknown_and_future_backends():
-    with pytest.raises(NotImplementedError):
-        get_attention_backend("triton")
+def test_backend_factory():
+    from aioinfer.attention.backend import AttentionBackendUnavailable
+
     with pytest.raises(ValueError):
         get_attention_backend("nope")
+    assert get_attention_backend("auto", torch.device("cpu")).name == "torch"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        with pytest.raises(AttentionBackendUnavailable):
+            get_attention_backend("triton")

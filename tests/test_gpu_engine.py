@@ -18,9 +18,13 @@ from tiny_models import make_tiny_model_dir
 
 pytestmark = pytest.mark.gpu
 
-# bf16 tolerance: ||ours - hf|| / ||hf|| over the vocabulary, per position. Two bf16 implementations of
-# the same network differ by their accumulation order; 3e-2 is ~4 bf16 ulps of relative error.
+# bf16 tolerance, per position, as ||logits - reference|| / ||reference|| over the vocabulary, the
+# reference being transformers in float32 on the same (bf16-valued) weights:
+# - ours in bf16 must stay under BF16_REL_TOL (measured on the H200: max 1.9e-2 against transformers' bf16);
+# - and must be no worse than 1.5x transformers' own bf16 run against the same reference, so that a
+#   real bug (wrong mask, wrong position, stale KV) cannot hide inside bf16 noise.
 BF16_REL_TOL = 3e-2
+BF16_VS_HF_BF16 = 1.5
 
 
 def _prompts(vocab: int, n: int, seed: int = 0) -> list[list[int]]:
@@ -103,18 +107,29 @@ def test_bf16_logits_track_transformers_over_prefill_and_decode(qwen_05b_dir):
         with forward_context(make_metadata([(0, prompt_len, blocks)], block_size, device)):
             hidden = model(ids, torch.arange(prompt_len, device=device))
         ours.append(model.compute_logits(hidden[-1:]))
-        for t in range(prompt_len, prompt_len + steps - 1):  # teacher forced: feed the given token
+        for t in range(prompt_len, prompt_len + steps):  # 32 teacher-forced decode steps
             with forward_context(make_metadata([(t, 1, blocks)], block_size, device)):
                 hidden = model(torch.tensor([tokens[t]], device=device), torch.tensor([t], device=device))
             ours.append(model.compute_logits(hidden))
         ours = torch.cat(ours).float()
 
-        hf = AutoModelForCausalLM.from_pretrained(qwen_05b_dir, dtype=torch.bfloat16).cuda().eval()
-        ref = hf(torch.tensor([tokens], device=device)).logits[0, prompt_len - 1:prompt_len + steps - 1].float()
-    rel = (ours - ref).norm(dim=-1) / ref.norm(dim=-1)
-    print(f"bf16 relative logit error per position: max {rel.max().item():.3e}, mean {rel.mean().item():.3e}")
-    assert rel.max().item() < BF16_REL_TOL
-    assert (ours.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
+        window = slice(prompt_len - 1, prompt_len + steps)  # the prefill's last row + each decode step
+        full = torch.tensor([tokens], device=device)
+        hf32 = AutoModelForCausalLM.from_pretrained(qwen_05b_dir, dtype=torch.float32).cuda().eval()
+        ref = hf32(full).logits[0, window].float()
+        del hf32
+        hf16 = AutoModelForCausalLM.from_pretrained(qwen_05b_dir, dtype=torch.bfloat16).cuda().eval()
+        hf_bf16 = hf16(full).logits[0, window].float()
+
+    def rel(x):
+        return (x - ref).norm(dim=-1) / ref.norm(dim=-1)
+
+    ours_err, hf_err = rel(ours), rel(hf_bf16)
+    print(f"relative logit error vs transformers fp32 over {steps + 1} positions: aioinfer bf16 max "
+          f"{ours_err.max().item():.3e} mean {ours_err.mean().item():.3e}; transformers bf16 max "
+          f"{hf_err.max().item():.3e} mean {hf_err.mean().item():.3e}")
+    assert ours_err.max().item() < BF16_REL_TOL
+    assert ours_err.mean().item() <= BF16_VS_HF_BF16 * hf_err.mean().item()
 
 
 def test_cuda_graphs_and_eager_give_identical_tokens(qwen_05b_dir):

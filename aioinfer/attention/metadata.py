@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -27,3 +28,6 @@ class AttentionMetadata:
     # Host copies of the two small per-sequence vectors, so that CPU code never syncs on the device.
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
+    # Decode-only steps: the split-K count the runner fixed for this batch-size bucket, so that eager
+    # steps and CUDA-graph replays run the very same reduction (identical tokens). None: backend's choice.
+    decode_num_splits: Optional[int] = None

@@ -60,7 +60,9 @@ class TritonAttentionBackend(AttentionBackend):
         if metadata.max_query_len == 1 and metadata.num_tokens == metadata.num_seqs:
             return paged_decode(
                 query, key_cache, value_cache, metadata.block_tables, metadata.seq_lens, scale,
-                max_seq_len=metadata.max_seq_len, num_splits=self.decode_num_splits,
+                max_seq_len=metadata.max_seq_len,
+                num_splits=metadata.decode_num_splits if metadata.decode_num_splits is not None
+                else self.decode_num_splits,
             )
         return paged_prefill(
             query, key_cache, value_cache, metadata.block_tables, metadata.seq_lens,

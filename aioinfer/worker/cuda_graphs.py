@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -59,8 +59,9 @@ class GraphInputs:
 
 class CudaGraphRunner:
     def __init__(self, model: torch.nn.Module, max_batch_size: int, max_blocks_per_seq: int, max_model_len: int,
-                 device: torch.device) -> None:
+                 device: torch.device, decode_splits: Callable[[int], Optional[int]]) -> None:
         self.model = model
+        self.decode_splits = decode_splits  # batch-size bucket -> split-K count (shared with eager steps)
         self.buckets = graph_buckets(max_batch_size)
         self.max_model_len = max_model_len
         self.inputs = GraphInputs.allocate(self.buckets[-1], max_blocks_per_seq, device)
@@ -80,6 +81,7 @@ class CudaGraphRunner:
             max_seq_len=self.max_model_len,  # a bound: kernels read the true lengths from seq_lens
             query_start_loc_cpu=list(range(batch_size + 1)),
             seq_lens_cpu=[1] * batch_size,  # never valid at replay; graph-capable backends must not read it
+            decode_num_splits=self.decode_splits(batch_size),
         )
 
     @torch.inference_mode()

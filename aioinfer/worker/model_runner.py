@@ -16,7 +16,7 @@ from aioinfer.config import EngineConfig
 from aioinfer.core.scheduler_output import RunnerOutput, SchedulerOutput, TokenLogprobs
 from aioinfer.sampling_params import SamplingParams
 from aioinfer.core.kv_cache_manager import cdiv
-from aioinfer.worker.cuda_graphs import CudaGraphRunner
+from aioinfer.worker.cuda_graphs import CudaGraphRunner, graph_buckets
 from aioinfer.worker.input_buffers import InputBuffers
 from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches, choose_num_blocks
 from aioinfer.worker.sampler import Sampler
@@ -60,17 +60,29 @@ class ModelRunner:
         max_blocks_per_seq = cdiv(max_model_len, self.block_size)
         self.inputs = InputBuffers(config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs,
                                    max_blocks_per_seq, self.block_size, device)
-        self.graphs = None
         backend = model.attention_layers()[0].backend
+        max_bs = min(config.max_cuda_graph_batch_size, config.scheduler.max_num_seqs,
+                     config.scheduler.max_num_batched_tokens)
+        self._decode_buckets = graph_buckets(max_bs)
+        self._split_policy = getattr(backend, "num_splits_for", None)
+        self._splits_by_bucket: dict[int, Optional[int]] = {}
+        self._max_model_len = max_model_len
+        self.graphs = None
         if device.type == "cuda" and not config.enforce_eager and getattr(backend, "supports_cuda_graphs", False):
-            max_bs = min(config.max_cuda_graph_batch_size, config.scheduler.max_num_seqs,
-                         config.scheduler.max_num_batched_tokens)
-            self.graphs = CudaGraphRunner(model, max_bs, max_blocks_per_seq, max_model_len, device)
+            self.graphs = CudaGraphRunner(model, max_bs, max_blocks_per_seq, max_model_len, device,
+                                          decode_splits=self._decode_splits)
             self.graphs.capture()
         self.sampler = Sampler()
         self._states: dict[str, _RequestState] = {}
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", self.num_kv_blocks, self.block_size,
                     self.spec.bytes_per_block * self.num_kv_blocks / 2**20)
+
+    def _decode_splits(self, bucket: int) -> Optional[int]:
+        """Split-K count for decode batches of this bucket: one choice for eager steps and graphs alike."""
+        if bucket not in self._splits_by_bucket:
+            self._splits_by_bucket[bucket] = None if self._split_policy is None else self._split_policy(
+                bucket, self.spec.num_kv_heads, self._max_model_len, self.device)
+        return self._splits_by_bucket[bucket]
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
@@ -88,6 +100,10 @@ class ModelRunner:
             return RunnerOutput(sampled_request_ids=[], sampled_token_ids=[])
 
         inputs = self.inputs.prepare(scheduler_output.scheduled)
+        if inputs.is_decode_only:
+            bucket = next((b for b in self._decode_buckets if b >= inputs.attention.num_seqs), None)
+            if bucket is not None:
+                inputs.attention.decode_num_splits = self._decode_splits(bucket)
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs)
         else:

@@ -1,4 +1,8 @@
-"""RMSNorm computed in float32 exactly as HF does, with a fused residual-add variant."""
+"""RMSNorm computed in float32 exactly as HF does, with a fused residual-add variant.
+
+On CUDA (and only there) the layer runs one Triton kernel per call instead of 8-9 elementwise torch
+kernels (aioinfer/layers/triton_ops/rms_norm.py); the CPU path is the pure-torch code below.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,16 @@ from typing import Optional
 
 import torch
 from torch import nn
+
+from aioinfer.layers.triton_ops import fused_ops  # imports no triton; fused_ops() does, on first CUDA call
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # [..., H]: statistics in float32, then back to the input dtype *before* the weight multiply (HF order).
+    dtype = x.dtype
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
 
 
 class RMSNorm(nn.Module):
@@ -15,11 +29,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        # [..., H]: statistics in float32, then back to the input dtype *before* the weight multiply (HF order).
-        dtype = x.dtype
-        xf = x.to(torch.float32)
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        return rms_norm_torch(x, self.weight, self.eps)
 
     def forward(
         self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
@@ -28,6 +38,15 @@ class RMSNorm(nn.Module):
 
         The add happens in the activation dtype, as HF's decoder layer does (``residual + hidden``).
         """
+        # --- CUDA fast path: one fused Triton kernel (same numerics; see triton_ops/rms_norm.py).
+        if x.is_cuda and x.dtype == self.weight.dtype and x.dim() in (2, 3):
+            ops = fused_ops()
+            if ops is not None:
+                if residual is None:
+                    return ops.rms_norm(x, self.weight, self.eps)
+                if x.dim() == 2 and residual.dtype == x.dtype:
+                    return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
+        # --- Pure-torch path (CPU, and CUDA without triton).
         if residual is None:
             return self._norm(x)
         s = x + residual

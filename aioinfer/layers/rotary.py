@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from aioinfer.layers.triton_ops import fused_ops  # imports no triton; fused_ops() does, on first CUDA call
 from aioinfer.models.arch_config import RopeConfig
 
 
@@ -90,6 +91,22 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     x1, x2 = x_rot[..., : rot_dim // 2], x_rot[..., rot_dim // 2 :]
     out = x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin
     return out if x_pass is None else torch.cat((out, x_pass), dim=-1)
+
+
+def apply_rotary_qk(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] with the step's cos/sin [T, Dr] (in q.dtype).
+
+    On CUDA with triton: one in-place kernel for both (q/k may be views of the fused qkv output; the
+    results are bit-identical to the torch path). Otherwise the pure-torch path, out of place.
+    """
+    # --- CUDA fast path (triton_ops/rotary.py); the CPU path below is unchanged.
+    if q.is_cuda and q.dtype == k.dtype == cos.dtype == sin.dtype:
+        ops = fused_ops()
+        if ops is not None:
+            return ops.apply_rotary_inplace(q, k, cos, sin)
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 
 class RotaryEmbedding(nn.Module):

@@ -18,7 +18,7 @@ from aioinfer.layers.attention import Attention
 from aioinfer.layers.embedding import LMHead, VocabEmbedding
 from aioinfer.layers.linear import Linear, MergedLinear, QKVLinear, default_weight_loader
 from aioinfer.layers.norm import RMSNorm
-from aioinfer.layers.rotary import RotaryEmbedding, apply_rotary
+from aioinfer.layers.rotary import RotaryEmbedding, apply_rotary_qk
 from aioinfer.models.arch_config import ArchConfig
 
 # (fused param, HF name piece, shard id) — how separate checkpoint tensors map into fused params.
@@ -53,7 +53,7 @@ class DecoderAttention(nn.Module):
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = apply_rotary_qk(q, k, cos, sin)  # one in-place Triton kernel on CUDA
         return self.o_proj(self.attn(q, k, v))
 
 

@@ -13,7 +13,7 @@ import random
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from aioinfer.engine.detokenizer import IncrementalDetokenizer, _WindowDecoder, fast_backend
+from aioinfer.engine.detokenizer import IncrementalDetokenizer, fast_backend
 from aioinfer.engine.text_accumulator import TextAccumulator, TextDelta
 from aioinfer.engine.stop_strings import StopChecker
 

@@ -38,6 +38,28 @@ def check_int_vector(t: torch.Tensor, name: str, dtype: torch.dtype, device: tor
         raise ValueError(f"{name} must be a contiguous vector")
 
 
+def check_paged_query(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      block_tables: torch.Tensor, seq_lens: torch.Tensor, num_seqs_hint: str) -> tuple[int, int, int]:
+    """Checks shared by the decode and prefill wrappers; returns (block_size, num_kv_heads, head_dim)."""
+    _, block_size, num_kv_heads, head_dim = check_kv_cache(key_cache, value_cache)
+    if not (query.dim() == 3 and query.shape[2] == head_dim):
+        raise ValueError(f"query must be [{num_seqs_hint}, Hq, {head_dim}], got {tuple(query.shape)}")
+    if query.shape[1] % num_kv_heads != 0:
+        raise ValueError(f"num_heads {query.shape[1]} is not a multiple of num_kv_heads {num_kv_heads}")
+    if query.dtype != key_cache.dtype:
+        raise ValueError(f"query dtype {query.dtype} != cache dtype {key_cache.dtype}")
+    if query.stride(-1) != 1:
+        raise ValueError("query head_dim axis must be contiguous")
+    if query.device != key_cache.device:
+        raise ValueError("query and cache devices differ")
+    check_int_vector(seq_lens, "seq_lens", torch.int32, query.device)
+    if not (block_tables.dtype == torch.int32 and block_tables.dim() == 2):
+        raise ValueError("block_tables must be 2-D int32")
+    if not (block_tables.device == query.device and block_tables.stride(1) == 1):
+        raise ValueError("block_tables must be row-contiguous on the query device")
+    return block_size, num_kv_heads, head_dim
+
+
 def is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from aioinfer.attention.triton_ops._checks import (
-    check_int_vector, check_kv_cache, interpreting, next_pow2,
+    check_paged_query, interpreting, next_pow2,
 )
 
 LOG2E = 1.4426950408889634
@@ -179,23 +179,8 @@ def paged_decode(
     config: Optional[dict] = None,  # TILE_N / num_warps / num_stages override (benchmarks)
 ) -> torch.Tensor:
     """Attention of each sequence's single query over its paged context. Returns [S, Hq, D]."""
-    _, block_size, num_kv_heads, head_dim = check_kv_cache(key_cache, value_cache)
-    if not (query.dim() == 3 and query.shape[2] == head_dim):
-        raise ValueError(f"query must be [S, Hq, {head_dim}], got {tuple(query.shape)}")
+    block_size, num_kv_heads, head_dim = check_paged_query(query, key_cache, value_cache, block_tables, seq_lens, "S")
     num_seqs, num_heads, _ = query.shape
-    if num_heads % num_kv_heads != 0:
-        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    if query.dtype != key_cache.dtype:
-        raise ValueError(f"query dtype {query.dtype} != cache dtype {key_cache.dtype}")
-    if query.stride(-1) != 1:
-        raise ValueError("query head_dim axis must be contiguous")
-    if query.device != key_cache.device:
-        raise ValueError("query and cache devices differ")
-    check_int_vector(seq_lens, "seq_lens", torch.int32, query.device)
-    if not (block_tables.dtype == torch.int32 and block_tables.dim() == 2):
-        raise ValueError("block_tables must be 2-D int32")
-    if not (block_tables.device == query.device and block_tables.stride(1) == 1):
-        raise ValueError("block_tables must be row-contiguous on the query device")
     if not (block_tables.shape[0] >= num_seqs and seq_lens.shape[0] >= num_seqs):
         raise ValueError("block_tables/seq_lens have fewer rows than query")
     if out is None:

@@ -1,8 +1,10 @@
-"""Persistent step-input buffers: host staging filled with NumPy, one async copy per tensor.
+"""Persistent step-input buffers: host staging filled with NumPy, two async copies per step.
 
-On CUDA the host side is pinned memory, double-buffered: step N+1 fills the other half while
-step N's copies may still be in flight, and an event guards each half before it is refilled.
-On CPU the "device" tensors are the staging tensors themselves (no copy at all).
+Every per-step integer array is packed into one of two staging buffers (int64 and int32) at
+offsets decided per step, so the host issues two host-to-device copies, not seven. On CUDA the
+staging is pinned and double-buffered: step N+1 fills the other half while step N's copies may
+still be in flight, and an event guards each half before it is refilled. On CPU the "device"
+buffers are the staging buffers themselves (no copy at all).
 """
 
 from __future__ import annotations
@@ -15,15 +17,11 @@ import torch
 from aioinfer.attention.metadata import AttentionMetadata
 from aioinfer.core.scheduler_output import ScheduledRequest
 
-_FIELDS = {  # name -> (dtype, shape kind)
-    "input_ids": (torch.int64, "tokens"),
-    "positions": (torch.int64, "tokens"),
-    "slot_mapping": (torch.int64, "tokens"),
-    "query_start_loc": (torch.int32, "seqs+1"),
-    "seq_lens": (torch.int32, "seqs"),
-    "logits_indices": (torch.int64, "seqs"),
-    "block_tables": (torch.int32, "table"),  # flat: viewed as [num_seqs, max_blocks of this step]
-}
+_ALIGN = 16  # elements: every packed array starts 64/128-byte aligned
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
 
 
 @dataclass(slots=True)
@@ -37,12 +35,13 @@ class StepInputs:
 
 
 class _Staging:
-    """One set of host tensors (pinned on CUDA) and their NumPy views."""
+    """One pair of host buffers (pinned on CUDA) and their NumPy views."""
 
-    def __init__(self, sizes: dict[str, tuple], pin: bool) -> None:
-        self.tensors = {name: torch.zeros(sizes[name], dtype=_FIELDS[name][0], pin_memory=pin) for name in _FIELDS}
-        self.arrays = {name: t.numpy() for name, t in self.tensors.items()}
-        self.copied = torch.cuda.Event() if pin else None  # the H2D copies out of this set are done
+    def __init__(self, size64: int, size32: int, pin: bool) -> None:
+        self.int64 = torch.zeros(size64, dtype=torch.int64, pin_memory=pin)
+        self.int32 = torch.zeros(size32, dtype=torch.int32, pin_memory=pin)
+        self.np64, self.np32 = self.int64.numpy(), self.int32.numpy()
+        self.copied = torch.cuda.Event() if pin else None  # the H2D copies out of this pair are done
 
 
 class InputBuffers:
@@ -51,24 +50,24 @@ class InputBuffers:
         self.block_size = block_size
         self.device = device
         self.max_blocks_per_seq = max_blocks_per_seq
-        sizes = {"tokens": (max_num_tokens,), "seqs": (max_num_seqs,), "seqs+1": (max_num_seqs + 1,),
-                 "table": (max_num_seqs * max_blocks_per_seq,)}
-        sizes = {name: sizes[kind] for name, (_, kind) in _FIELDS.items()}
+        # int64: input_ids, positions, slot_mapping [tokens each], logits_indices [seqs]
+        size64 = 3 * _aligned(max_num_tokens) + _aligned(max_num_seqs)
+        # int32: query_start_loc [seqs + 1], seq_lens [seqs], block_tables [seqs * blocks]
+        size32 = _aligned(max_num_seqs + 1) + _aligned(max_num_seqs) + max_num_seqs * max_blocks_per_seq
         self._on_cuda = device.type == "cuda"
-        self._staging = [_Staging(sizes, pin=self._on_cuda) for _ in range(2 if self._on_cuda else 1)]
+        self._staging = [_Staging(size64, size32, pin=self._on_cuda) for _ in range(2 if self._on_cuda else 1)]
         self._next = 0
         if self._on_cuda:
-            self.device_tensors = {name: torch.zeros(sizes[name], dtype=_FIELDS[name][0], device=device)
-                                   for name in _FIELDS}
+            self._device64 = torch.zeros(size64, dtype=torch.int64, device=device)
+            self._device32 = torch.zeros(size32, dtype=torch.int32, device=device)
         else:
-            self.device_tensors = self._staging[0].tensors
+            self._device64, self._device32 = self._staging[0].int64, self._staging[0].int32
 
     def prepare(self, scheduled: list[ScheduledRequest]) -> StepInputs:
         staging = self._staging[self._next]
         self._next = (self._next + 1) % len(self._staging)
         if staging.copied is not None:
             staging.copied.synchronize()  # its previous copies finished long ago; this rarely waits
-        a = staging.arrays
         bs = self.block_size
         num_seqs = len(scheduled)
         # Per-sequence scalars as Python lists first (cheap), then a handful of vectorised NumPy ops:
@@ -81,50 +80,59 @@ class InputBuffers:
             query_start_loc.append(query_start_loc[-1] + c)
         num_tokens = query_start_loc[-1]
         max_blocks = max(len(item.block_ids) for item in scheduled)
+        logits_rows = [query_start_loc[i + 1] - 1 for i, item in enumerate(scheduled) if item.samples]
+        sampled_ids = [item.request_id for item in scheduled if item.samples]
+        decode_only = num_tokens == num_seqs
+
+        # This step's packing: (buffer, offset, length) per array.
+        t = _aligned(num_tokens)
+        layout64 = {"input_ids": (0, num_tokens), "positions": (t, num_tokens), "slot_mapping": (2 * t, num_tokens),
+                    "logits_indices": (3 * t, len(logits_rows))}
+        q = _aligned(num_seqs + 1)
+        layout32 = {"query_start_loc": (0, num_seqs + 1), "seq_lens": (q, num_seqs),
+                    "block_tables": (q + _aligned(num_seqs), num_seqs * max_blocks)}
+        a64 = {name: staging.np64[off:off + n] for name, (off, n) in layout64.items()}
+        a32 = {name: staging.np32[off:off + n] for name, (off, n) in layout32.items()}
+
         flat_tables: list[int] = []
         for item in scheduled:
             flat_tables += item.block_ids
             flat_tables += [0] * (max_blocks - len(item.block_ids))
-        tables = a["block_tables"][:num_seqs * max_blocks].reshape(num_seqs, max_blocks)
-        tables.reshape(-1)[:] = flat_tables
-
-        if num_tokens == num_seqs:  # decode-only step: one token per sequence
-            a["input_ids"][:num_tokens] = [item.token_ids[0] for item in scheduled]
+        a32["block_tables"][:] = flat_tables
+        tables = a32["block_tables"].reshape(num_seqs, max_blocks)
+        if decode_only:  # one token per sequence
+            a64["input_ids"][:] = [item.token_ids[0] for item in scheduled]
             positions = np.asarray(starts, dtype=np.int64)
             rows = np.arange(num_seqs)
         else:
-            a["input_ids"][:num_tokens] = [t for item in scheduled for t in item.token_ids]
+            a64["input_ids"][:] = [tok for item in scheduled for tok in item.token_ids]
             counts_np = np.asarray(counts)
             rows = np.repeat(np.arange(num_seqs), counts_np)
             offsets = np.arange(num_tokens) - np.repeat(np.asarray(query_start_loc[:-1]), counts_np)
             positions = np.repeat(np.asarray(starts, dtype=np.int64), counts_np) + offsets
-        a["positions"][:num_tokens] = positions
-        a["slot_mapping"][:num_tokens] = tables[rows, positions // bs].astype(np.int64) * bs + positions % bs
-        a["query_start_loc"][:num_seqs + 1] = query_start_loc
-        a["seq_lens"][:num_seqs] = seq_lens
-        logits_rows = [query_start_loc[i + 1] - 1 for i, item in enumerate(scheduled) if item.samples]
-        sampled_ids = [item.request_id for item in scheduled if item.samples]
-        a["logits_indices"][:len(logits_rows)] = logits_rows
-        decode_only = num_tokens == num_seqs
+        a64["positions"][:] = positions
+        a64["slot_mapping"][:] = tables[rows, positions // bs].astype(np.int64) * bs + positions % bs
+        a32["query_start_loc"][:] = query_start_loc
+        a32["seq_lens"][:] = seq_lens
+        a64["logits_indices"][:] = logits_rows
 
-        extents = {"input_ids": num_tokens, "positions": num_tokens, "slot_mapping": num_tokens,
-                   "query_start_loc": num_seqs + 1, "seq_lens": num_seqs, "logits_indices": len(logits_rows),
-                   "block_tables": num_seqs * max_blocks}
-        out = {}
-        for name, extent in extents.items():
-            dst = self.device_tensors[name][:extent]
-            if self._on_cuda:  # contiguous pinned -> device: a true async copy
-                dst.copy_(staging.tensors[name][:extent], non_blocking=True)
-            out[name] = dst
-        out["block_tables"] = out["block_tables"].view(num_seqs, max_blocks)
-        if staging.copied is not None:
+        used64 = 3 * t + len(logits_rows)
+        used32 = layout32["block_tables"][0] + num_seqs * max_blocks
+        if self._on_cuda:  # two contiguous pinned -> device copies, truly asynchronous
+            self._device64[:used64].copy_(staging.int64[:used64], non_blocking=True)
+            self._device32[:used32].copy_(staging.int32[:used32], non_blocking=True)
             staging.copied.record()
+            dev64, dev32 = self._device64, self._device32
+        else:
+            dev64, dev32 = staging.int64, staging.int32
+        out = {name: dev64[off:off + n] for name, (off, n) in layout64.items()}
+        out.update({name: dev32[off:off + n] for name, (off, n) in layout32.items()})
 
         attention = AttentionMetadata(
             slot_mapping=out["slot_mapping"],
             query_start_loc=out["query_start_loc"],
             seq_lens=out["seq_lens"],
-            block_tables=out["block_tables"],
+            block_tables=out["block_tables"].view(num_seqs, max_blocks),
             num_seqs=num_seqs,
             num_tokens=num_tokens,
             max_query_len=max(counts),

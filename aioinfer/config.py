@@ -63,11 +63,14 @@ class EngineConfig:
     attention_backend: str = "auto"
     enforce_eager: bool = False  # True: no CUDA graphs
     max_cuda_graph_batch_size: int = 256  # decode batches up to this size replay captured graphs
+    async_scheduling: Optional[bool] = None  # schedule step N+1 before step N's ids are back (None: off)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.enforce_eager, bool), "enforce_eager", self.enforce_eager, "must be a bool")
         _check(_positive_int(self.max_cuda_graph_batch_size), "max_cuda_graph_batch_size",
                self.max_cuda_graph_batch_size, "must be a positive integer")
+        _check(self.async_scheduling in (None, True, False), "async_scheduling", self.async_scheduling,
+               "must be a bool or None")
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineConfig":
@@ -77,7 +80,8 @@ class EngineConfig:
             names = {f.name for f in fields(section_cls)}
             sections[section_cls] = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         top = {k: kwargs.pop(k) for k in list(kwargs)
-               if k in ("device", "attention_backend", "enforce_eager", "max_cuda_graph_batch_size")}
+               if k in ("device", "attention_backend", "enforce_eager", "max_cuda_graph_batch_size",
+                        "async_scheduling")}
         if kwargs:
             raise TypeError(f"unknown engine options: {sorted(kwargs)}")
         return cls(

@@ -54,7 +54,8 @@ class Request:
     seed: int = 0  # effective sampling seed
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache (or being computed by a launched step)
+    num_pending_tokens: int = 0  # sampled by a launched step, not yet known on the host (async scheduling)
     num_preemptions: int = 0
     stop_reason: Optional[object] = None  # the stop token id or stop string that ended it
 

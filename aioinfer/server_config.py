@@ -30,6 +30,8 @@ ENGINE_OPTIONS: dict[str, type] = {
     "gpu_memory_utilization": float,
     "cpu_kv_cache_gib": float,
     "attention_backend": str,
+    "enforce_eager": bool,
+    "async_scheduling": bool,
     # async-engine options
     "max_waiting_requests": int,
     "max_waiting_prompt_tokens": int,

@@ -32,6 +32,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--attention-backend", default=None)
     p.add_argument("--enforce-eager", choices=("true", "false"), default=None)
+    p.add_argument("--async-scheduling", choices=("true", "false"), default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
                    help="leaves room for the HF peer in the same process")
     p.add_argument("--hf-peer", action="store_true", help="also time transformers' generate")
@@ -63,7 +64,9 @@ def main() -> None:
         t0 = time.perf_counter()
         llm, dropped = make_llm(folder, device, None if args.enforce_eager is None else args.enforce_eager == "true",
                                 args.attention_backend, max_model_len=args.prompt_len + args.new_tokens + 16,
-                                max_num_seqs=max(batches), gpu_memory_utilization=args.gpu_memory_utilization)
+                                max_num_seqs=max(batches), gpu_memory_utilization=args.gpu_memory_utilization,
+                                **({} if args.async_scheduling is None
+                                   else {"async_scheduling": args.async_scheduling == "true"}))
         init_s = time.perf_counter() - t0
 
         def timed(prompts, max_tokens: int) -> float:

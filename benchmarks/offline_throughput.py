@@ -39,6 +39,7 @@ def main() -> None:
     p.add_argument("--generate-batch-size", type=int, default=64, help="hf-generate's static batch")
     p.add_argument("--attention-backend", default=None)
     p.add_argument("--enforce-eager", choices=("true", "false"), default=None)
+    p.add_argument("--async-scheduling", choices=("true", "false"), default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -86,6 +87,8 @@ def main() -> None:
             common += ["--attention-backend", args.attention_backend]
         if args.enforce_eager:
             common += ["--enforce-eager", args.enforce_eager]
+        if args.async_scheduling:
+            common += ["--async-scheduling", args.async_scheduling]
         common += ["--peers", ",".join(peers)] if peers else ["--skip-peers"]
         results: dict[str, Any] = {}
         for system in ["aioinfer", *peers]:
@@ -159,7 +162,9 @@ def run_aioinfer(args, device: str, requests, subset) -> dict[str, Any]:
                             None if args.enforce_eager is None else args.enforce_eager == "true",
                             args.attention_backend, max_model_len=2048, max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens,
-                            gpu_memory_utilization=args.gpu_memory_utilization)
+                            gpu_memory_utilization=args.gpu_memory_utilization,
+                            **({} if args.async_scheduling is None
+                               else {"async_scheduling": args.async_scheduling == "true"}))
     init_s = time.perf_counter() - t0
 
     def generate(reqs) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from aioinfer.config import SchedulerConfig
 from aioinfer.core.kv_cache_manager import KVCacheManager
-from aioinfer.core.scheduler import RequestTooLongError, Scheduler
+from aioinfer.core.scheduler import PLACEHOLDER_TOKEN, RequestTooLongError, Scheduler
 from aioinfer.core.scheduler_output import RunnerOutput
 from aioinfer.request import Request, RequestStatus
 from aioinfer.sampling_params import SamplingParams
@@ -30,10 +30,14 @@ class PagedEchoRunner:
         self.block_size = block_size
         self.slots: list = [None] * (num_blocks * block_size)
 
+    last_sampled: dict = {}
+
     def execute(self, out) -> RunnerOutput:
         ids, tokens = [], []
         for item in out.scheduled:
             for i, token in enumerate(item.token_ids):
+                if token == PLACEHOLDER_TOKEN:  # async scheduling: the token the previous step sampled
+                    token = self.last_sampled[item.request_id]
                 pos = item.start_position + i
                 slot = item.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
                 self.slots[slot] = token
@@ -43,6 +47,7 @@ class PagedEchoRunner:
                            for p in range(end)]
                 ids.append(item.request_id)
                 tokens.append(next_token(context))
+        self.last_sampled = dict(zip(ids, tokens))
         return RunnerOutput(sampled_request_ids=ids, sampled_token_ids=tokens)
 
 
@@ -180,12 +185,15 @@ def test_stop_token_and_eos_and_min_tokens():
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), num_blocks=st.integers(8, 40), block_size=st.sampled_from([1, 2, 4, 16]),
-       budget=st.integers(4, 64), max_num_seqs=st.integers(1, 6))
-def test_random_arrivals_aborts_and_preemptions_keep_invariants(seed, num_blocks, block_size, budget, max_num_seqs):
+       budget=st.integers(4, 64), max_num_seqs=st.integers(1, 6), lookahead=st.booleans())
+def test_random_arrivals_aborts_and_preemptions_keep_invariants(seed, num_blocks, block_size, budget, max_num_seqs,
+                                                                 lookahead):
+    """``lookahead`` emulates async scheduling: step N+1 is scheduled and run before step N's update."""
     sched, runner = make(num_blocks=num_blocks, block_size=block_size, budget=budget,
                          max_num_seqs=max_num_seqs, max_model_len=512)
     rng = random.Random(seed)
     prompts, aborted, outputs = {}, set(), {}
+    in_flight = None
     capacity = (num_blocks - 1) * block_size
     for step in range(300):
         if rng.random() < 0.3 and len(prompts) < 30:
@@ -202,10 +210,23 @@ def test_random_arrivals_aborts_and_preemptions_keep_invariants(seed, num_blocks
             victim = rng.choice(sorted(sched.requests))
             sched.finish_requests([victim], RequestStatus.FINISHED_ABORTED)
             aborted.add(victim)
-        out = sched.schedule()
-        for core_out in sched.update(out, runner.execute(out)):
+        if lookahead:
+            if in_flight is None:
+                out = sched.schedule()
+                in_flight = (out, runner.execute(out))
+            ahead = sched.schedule()
+            ahead_result = (ahead, runner.execute(ahead))
+            out, result = in_flight
+            in_flight = ahead_result
+        else:
+            out = sched.schedule()
+            result = runner.execute(out)
+        for core_out in sched.update(out, result):
             outputs.setdefault(core_out.request_id, []).extend(core_out.new_token_ids)
         sched.check_invariants()
+    if in_flight is not None:
+        for core_out in sched.update(*in_flight):
+            outputs.setdefault(core_out.request_id, []).extend(core_out.new_token_ids)
     for rid in list(sched.requests):
         sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
         aborted.add(rid)

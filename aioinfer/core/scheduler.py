@@ -25,6 +25,9 @@ from aioinfer.core.scheduler_output import (
 from aioinfer.request import Request, RequestStatus
 
 
+PLACEHOLDER_TOKEN = -1  # a token id sampled on the device but not yet known on the host
+
+
 class RequestTooLongError(ValueError):
     """A request can never run: it exceeds the context length or the whole KV cache."""
 
@@ -99,7 +102,10 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.num_pending_tokens and self._awaits_last_token(request):
+                index += 1  # its token in flight is its last (length limit): nothing more to compute
+                continue
+            num_new = min(self._num_known_or_pending(request) - request.num_computed_tokens, budget)
             if not self._allocate_or_preempt(request, num_new):
                 break  # the request itself was the newest left: it went back to waiting
             scheduled.append(self._grant(request, num_new, new_requests))
@@ -111,6 +117,8 @@ class Scheduler:
         if num_preempted == 0:
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 request = self.waiting[0]
+                if request.num_pending_tokens:
+                    break  # preempted while its last token was in flight: recompute once the token is known
                 num_new = min(request.num_tokens - request.num_computed_tokens, budget)
                 if self.kv_cache.allocate_slots(request.request_id, request.num_computed_tokens, num_new) is None:
                     break
@@ -149,6 +157,15 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
+    @staticmethod
+    def _num_known_or_pending(request: Request) -> int:
+        return request.num_tokens + request.num_pending_tokens
+
+    def _awaits_last_token(self, request: Request) -> bool:
+        """The token in flight will end the request by length, so it needs no further step."""
+        generated = request.num_output_tokens + request.num_pending_tokens
+        return generated >= request.max_tokens or self._num_known_or_pending(request) >= self.max_model_len
+
     def _grant(self, request: Request, num_new: int, new_requests: list[NewRequestData]) -> ScheduledRequest:
         start = request.num_computed_tokens
         if request.request_id not in self._known_to_runner:
@@ -160,32 +177,40 @@ class Scheduler:
                 seed=request.seed,
                 eos_token_ids=request.eos_token_ids,
             ))
+        end = start + num_new
+        known_end = min(end, request.num_tokens)
+        # Positions past the known tokens hold the token still in flight: PLACEHOLDER_TOKEN, which
+        # the runner replaces on the device with the previous step's sampled id.
+        token_ids = request.token_ids_slice(start, known_end) + [PLACEHOLDER_TOKEN] * (end - known_end)
+        samples = end == self._num_known_or_pending(request)
+        # Computed tokens advance when the grant is made (vLLM v1), so that the next step can be
+        # scheduled before this one's results are back; a sampling grant leaves a token pending.
+        request.num_computed_tokens = end
+        if samples:
+            request.num_pending_tokens += 1
         return ScheduledRequest(
             request_id=request.request_id,
-            token_ids=request.token_ids_slice(start, start + num_new),
+            token_ids=token_ids,
             start_position=start,
             block_ids=self.kv_cache.block_ids(request.request_id),
-            samples=start + num_new == request.num_tokens,
+            samples=samples,
         )
 
     def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineCoreOutput]:
-        """Advance computed tokens, append sampled tokens, finish what stopped; return per-request news."""
-        for item in scheduler_output.scheduled:
-            request = self.requests.get(item.request_id)
-            if request is not None and not request.status.finished:
-                request.num_computed_tokens += len(item.token_ids)
-
+        """Append sampled tokens, finish what stopped; return per-request news."""
         outputs: list[EngineCoreOutput] = []
         has_logprobs = bool(runner_output.logprobs)
         for row, (request_id, token_id) in enumerate(
                 zip(runner_output.sampled_request_ids, runner_output.sampled_token_ids)):
             request = self.requests.get(request_id)
             if request is None or request.status.finished:
-                continue  # aborted while the step ran
+                continue  # aborted (or finished by an earlier token) while the step ran
+            request.num_pending_tokens -= 1
             request.output_token_ids.append(token_id)
             status = self._stop_status(request, token_id)
             if status is not None:
-                self.running.remove(request)
+                # Preempted while this token was in flight, a request waits; otherwise it runs.
+                (self.running if request.status == RequestStatus.RUNNING else self.waiting).remove(request)
                 self._finish(request, status)
             logprobs = runner_output.logprobs[row] if has_logprobs else None
             outputs.append(EngineCoreOutput(

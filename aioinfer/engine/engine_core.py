@@ -27,6 +27,10 @@ class EngineCore:
         self.kv_cache = KVCacheManager(self.runner.num_kv_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.loaded.max_model_len)
         self.num_steps = 0
+        # Async scheduling: launch step N+1 before waiting for step N's sampled ids, so that the host
+        # work between steps overlaps the device work. Opt-in until it has been measured on the GPU.
+        self.async_scheduling = bool(config.async_scheduling)
+        self._in_flight = None  # (SchedulerOutput, launched step) not yet collected
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -36,14 +40,44 @@ class EngineCore:
         return [r.request_id for r in self.scheduler.finish_requests(request_ids, status)]
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def step(self) -> list[EngineCoreOutput]:
         return self.step_with_details()[2]
 
     def step_with_details(self) -> tuple[SchedulerOutput, RunnerOutput, list[EngineCoreOutput]]:
-        """One step; also returns what was scheduled and sampled (for stats)."""
-        scheduler_output = self.scheduler.schedule()
-        runner_output = self.runner.execute(scheduler_output)
+        """One step; also returns what was scheduled and sampled (for stats).
+
+        With async scheduling the step returned is the one launched by the previous call (or now),
+        and the next one is already launched before this one's results are waited for.
+        """
+        if self._in_flight is None:
+            scheduler_output = self.scheduler.schedule()
+            launched = self.runner.launch(scheduler_output)
+        else:
+            scheduler_output, launched = self._in_flight
+            self._in_flight = None
+        if self.async_scheduling and not scheduler_output.is_empty and self._can_schedule_ahead():
+            ahead = self.scheduler.schedule()
+            if not ahead.is_empty or ahead.finished_request_ids:
+                self._in_flight = (ahead, self.runner.launch(ahead))
+        runner_output = self.runner.collect(launched)
         self.num_steps += 1
         return scheduler_output, runner_output, self.scheduler.update(scheduler_output, runner_output)
+
+    def drain(self) -> list[EngineCoreOutput]:
+        """Wait for the step launched ahead, if any (after aborts: its results are dropped by update)."""
+        if self._in_flight is None:
+            return []
+        scheduler_output, launched = self._in_flight
+        self._in_flight = None
+        return self.scheduler.update(scheduler_output, self.runner.collect(launched))
+
+    def _can_schedule_ahead(self) -> bool:
+        # Penalties read the content of every generated token, which is still on the device.
+        return not any(_has_penalties(r.sampling_params) for r in self.scheduler.running)
+
+
+def _has_penalties(params) -> bool:
+    return (params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0
+            or params.presence_penalty != 0.0)

@@ -126,6 +126,10 @@ class LLM:
         except BaseException:
             # Nothing may stay queued or hold KV blocks after a failure or Ctrl-C.
             core.finish_requests([c for _, _, _, children in groups for c in children])
+            try:
+                core.drain()
+            except Exception:  # noqa: BLE001 - the original error is the one to report
+                pass
             raise
 
         results = []

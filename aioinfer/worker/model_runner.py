@@ -13,6 +13,7 @@ import torch
 
 from aioinfer.attention.context import forward_context
 from aioinfer.config import EngineConfig
+from aioinfer.core.scheduler import PLACEHOLDER_TOKEN
 from aioinfer.core.scheduler_output import RunnerOutput, SchedulerOutput, TokenLogprobs
 from aioinfer.sampling_params import SamplingParams
 from aioinfer.core.kv_cache_manager import cdiv
@@ -34,6 +35,7 @@ class _RequestState:
     seed: int
     eos_token_ids: tuple[int, ...]
     output_token_ids: list[int]
+    num_pending: int = 0  # sampled by launched steps, not collected yet
 
 
 class ModelRunner:
@@ -74,6 +76,7 @@ class ModelRunner:
             self.graphs.capture()
         self.sampler = Sampler()
         self._states: dict[str, _RequestState] = {}
+        self._last_sampled: tuple[Optional[torch.Tensor], dict[str, int]] = (None, {})
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", self.num_kv_blocks, self.block_size,
                     self.spec.bytes_per_block * self.num_kv_blocks / 2**20)
 
@@ -84,8 +87,17 @@ class ModelRunner:
                 bucket, self.spec.num_kv_heads, self._max_model_len, self.device)
         return self._splits_by_bucket[bucket]
 
-    @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+        """Run one step and wait for its sampled ids (the synchronous path)."""
+        return self.collect(self.launch(scheduler_output))
+
+    @torch.inference_mode()
+    def launch(self, scheduler_output: SchedulerOutput) -> "_Launched":
+        """Enqueue one step's device work without waiting for it (no host sync).
+
+        Placeholder input tokens (sampled by the previous launch, not yet on the host) are filled
+        in on the device from that launch's sampled ids.
+        """
         for request_id in scheduler_output.finished_request_ids:
             self._states.pop(request_id, None)
         for new in scheduler_output.new_requests:
@@ -97,9 +109,10 @@ class ModelRunner:
                 output_token_ids=[],
             )
         if scheduler_output.is_empty:
-            return RunnerOutput(sampled_request_ids=[], sampled_token_ids=[])
+            return _Launched(None, None, [], [])
 
         inputs = self.inputs.prepare(scheduler_output.scheduled)
+        self._fill_placeholders(scheduler_output, inputs)
         if inputs.is_decode_only:
             bucket = next((b for b in self._decode_buckets if b >= inputs.attention.num_seqs), None)
             if bucket is not None:
@@ -110,23 +123,60 @@ class ModelRunner:
             with forward_context(inputs.attention):
                 hidden = self.model(inputs.input_ids, inputs.positions)
         if not inputs.sampled_request_ids:
-            return RunnerOutput(sampled_request_ids=[], sampled_token_ids=[])
+            return _Launched(None, None, [], [])
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
 
         states = [self._states[request_id] for request_id in inputs.sampled_request_ids]
         rows = [SamplingRow(params=s.sampling_params, prompt_token_ids=s.prompt_token_ids,
-                            output_token_ids=s.output_token_ids, seed=s.seed, eos_token_ids=s.eos_token_ids)
+                            output_token_ids=s.output_token_ids, seed=s.seed, eos_token_ids=s.eos_token_ids,
+                            num_pending_tokens=s.num_pending)
                 for s in states]
         metadata = SamplingMetadata.build(rows, logits.shape[1], self.device)
         result = self.sampler(logits, metadata)
-        token_ids: list[int] = result.sampled_token_ids.tolist()  # the step's one device-to-host sync
-        for state, token_id in zip(states, token_ids):
+        for state in states:
+            state.num_pending += 1
+        self._last_sampled = (result.sampled_token_ids,
+                              {rid: row for row, rid in enumerate(inputs.sampled_request_ids)})
+        return _Launched(result, result.sampled_token_ids, inputs.sampled_request_ids, states)
+
+    def collect(self, launched: "_Launched") -> RunnerOutput:
+        """Wait for a launched step's sampled ids: the step's one device-to-host sync."""
+        if launched.sampled is None:
+            return RunnerOutput(sampled_request_ids=[], sampled_token_ids=[])
+        token_ids: list[int] = launched.sampled.tolist()
+        for state, token_id in zip(launched.states, token_ids):
             state.output_token_ids.append(token_id)
+            state.num_pending -= 1
         return RunnerOutput(
-            sampled_request_ids=inputs.sampled_request_ids,
+            sampled_request_ids=launched.request_ids,
             sampled_token_ids=token_ids,
-            logprobs=_logprob_rows(result, states),
+            logprobs=_logprob_rows(launched.result, launched.states),
         )
+
+    def _fill_placeholders(self, scheduler_output: SchedulerOutput, inputs) -> None:
+        """Decode rows whose input is the token the previous launch sampled: copy it on the device."""
+        positions, rows = [], []
+        offset = 0
+        for item in scheduler_output.scheduled:
+            for i, token in enumerate(item.token_ids):
+                if token == PLACEHOLDER_TOKEN:
+                    positions.append(offset + i)
+                    rows.append(self._last_sampled[1][item.request_id])
+            offset += len(item.token_ids)
+        if positions:
+            index = torch.tensor([positions, rows], dtype=torch.int64, pin_memory=self.device.type == "cuda")
+            index = index.to(self.device, non_blocking=True)
+            inputs.input_ids[index[0]] = self._last_sampled[0][index[1]]
+
+
+@dataclass(slots=True)
+class _Launched:
+    """A step whose device work is enqueued; ``collect`` waits for it."""
+
+    result: Optional[object]  # SamplerOutput
+    sampled: Optional[torch.Tensor]  # [N] int64 on the device
+    request_ids: list[str]
+    states: list[_RequestState]
 
 
 def _logprob_rows(result, states: list[_RequestState]) -> list[Optional[TokenLogprobs]]:

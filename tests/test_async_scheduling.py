@@ -75,3 +75,32 @@ def test_eos_and_stop_strings_end_requests_a_step_late_without_extra_tokens(qwen
                        use_tqdm=False)[0].outputs[0]
     assert out.text == full.text[:full.text.index(stop)] and out.finish_reason == "stop"
     assert not llm.engine.has_unfinished() and llm.engine.kv_cache.all_free()
+
+
+def test_async_engine_with_async_scheduling(qwen_dir):
+    import anyio
+
+    from aioinfer import Engine
+
+    sync = LLM(model=str(qwen_dir), dtype="float32", device="cpu")
+    params = SamplingParams(temperature=0.8, seed=4, max_tokens=16, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in sync.generate(PROMPTS, params, use_tqdm=False)]
+
+    async def main():
+        got = {}
+        async with Engine(str(qwen_dir), dtype="float32", device="cpu", async_scheduling=True) as engine:
+            async def one(i):
+                ids = []
+                async for delta in engine.generate(PROMPTS[i], params):
+                    ids += delta.token_ids
+                got[i] = ids
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(PROMPTS)):
+                    tg.start_soon(one, i)
+            # leave one request mid-stream: shutdown must drain the step launched ahead
+            stream = engine.generate(PROMPTS[2], SamplingParams(temperature=0, max_tokens=300, ignore_eos=True))
+            await stream.__anext__()
+        return [got[i] for i in range(len(PROMPTS))]
+
+    assert anyio.run(main) == want

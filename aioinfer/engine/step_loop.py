@@ -154,5 +154,6 @@ def _release_everything(core: EngineCore) -> None:
     """Abort whatever is left so that the pool's bookkeeping ends clean (best effort after a failure)."""
     try:
         core.finish_requests(list(core.scheduler.requests))
+        core.drain()  # a step launched ahead (async scheduling): wait for it, drop its results
     except Exception:  # noqa: BLE001 - the loop is going away either way
         logger.exception("could not release the engine's requests")

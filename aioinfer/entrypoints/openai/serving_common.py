@@ -17,6 +17,30 @@ M = TypeVar("M", bound=BaseModel)
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
+def engine_for(state, req):
+    """The preamble every generation route shares: known model, ready engine, ``n`` within bounds."""
+    state.check_model(req.model)
+    engine = state.ready_engine()
+    if req.n > state.config.max_n:
+        raise bad_request(f"n must be <= {state.config.max_n}", param="n")
+    return engine
+
+
+async def admit_and_respond(engine, specs, request_id: str, req, job):
+    """Admit every choice (errors -> 400/429/503 before anything is sent), then stream or answer."""
+    from aioinfer.entrypoints.openai.fanout import ChoiceStreams
+    from aioinfer.entrypoints.openai.sse import json_response, sse_response
+
+    try:
+        streams = ChoiceStreams.admit(engine, specs, request_id, req.priority)
+    except Exception as exc:  # noqa: BLE001 - ValueError/overload/dead -> 400/429/503
+        raise from_engine_error(exc) from exc
+    headers = {"X-Request-Id": request_id}
+    if req.stream:
+        return sse_response(job.stream(streams), headers=headers)
+    return json_response(await job.full(streams), headers=headers)
+
+
 def parse_body(model: type[M], body: bytes) -> M:
     """Validate a raw JSON body; malformed JSON and invalid fields are 400s, never 500s."""
     if not body.strip():

@@ -15,6 +15,8 @@ from aioinfer.entrypoints.openai.sampling import choice_params, completion_param
 from aioinfer.entrypoints.openai.server_state import ServerState
 from aioinfer.entrypoints.openai.serving_common import (
     ChoiceResult,
+    admit_and_respond,
+    engine_for,
     new_request_id,
     now,
     parse_body,
@@ -22,15 +24,12 @@ from aioinfer.entrypoints.openai.serving_common import (
     stream_error_event,
     usage,
 )
-from aioinfer.entrypoints.openai.sse import DONE, event, json_response, sse_response
+from aioinfer.entrypoints.openai.sse import DONE, event
 
 
 async def create_completion(state: ServerState, body: bytes, client_id: Optional[str] = None) -> Response:
     req = parse_body(CompletionRequest, body)
-    state.check_model(req.model)
-    engine = state.ready_engine()
-    if req.n > state.config.max_n:
-        raise bad_request(f"n must be <= {state.config.max_n}", param="n")
+    engine = engine_for(state, req)
     base = completion_params(req, state.model_defaults())
     prompts = [req.prompt] if isinstance(req.prompt, str) or isinstance(req.prompt[0], int) else req.prompt
     prompt_ids = [_tokenize(engine, p, req.add_special_tokens) for p in prompts]
@@ -39,14 +38,8 @@ async def create_completion(state: ServerState, body: bytes, client_id: Optional
     request_id = new_request_id("cmpl", client_id)
     specs = [ChoiceSpec(index=pi * req.n + i, prompt_index=pi, prompt=ids, params=choice_params(base, i))
              for pi, ids in enumerate(prompt_ids) for i in range(req.n)]
-    try:
-        streams = ChoiceStreams.admit(engine, specs, request_id, req.priority)
-    except Exception as exc:  # noqa: BLE001 - ValueError/overload/dead -> 400/429/503
-        raise from_engine_error(exc) from exc
     job = _Job(req, request_id, state.served_model_name, specs, [len(ids) for ids in prompt_ids], echoes)
-    if req.stream:
-        return sse_response(job.stream(streams), headers={"X-Request-Id": request_id})
-    return json_response(await job.full(streams), headers={"X-Request-Id": request_id})
+    return await admit_and_respond(engine, specs, request_id, req, job)
 
 
 def _tokenize(engine, prompt, add_special_tokens: bool) -> list[int]:

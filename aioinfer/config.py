@@ -55,15 +55,28 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1  # ranks that split each layer (one process per extra rank)
+    data_parallel_size: int = 1  # whole-model replicas in this process, one engine (and GPU) each
+
+    def __post_init__(self) -> None:
+        _check(_positive_int(self.tensor_parallel_size), "tensor_parallel_size", self.tensor_parallel_size,
+               "must be a positive integer")
+        _check(_positive_int(self.data_parallel_size), "data_parallel_size", self.data_parallel_size,
+               "must be a positive integer")
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: str = "auto"  # auto: cuda when available, else cpu
     attention_backend: str = "auto"
     enforce_eager: bool = False  # True: no CUDA graphs
     max_cuda_graph_batch_size: int = 256  # decode batches up to this size replay captured graphs
-    async_scheduling: Optional[bool] = None  # schedule step N+1 before step N's ids are back (None: off)
+    async_scheduling: Optional[bool] = None  # schedule step N+1 before step N's ids are back (None: on CUDA)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.enforce_eager, bool), "enforce_eager", self.enforce_eager, "must be a bool")
@@ -76,7 +89,7 @@ class EngineConfig:
     def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineConfig":
         """Build from flat vLLM-style keyword arguments (``LLM(model=..., block_size=...)``)."""
         sections = {}
-        for section_cls in (ModelConfig, CacheConfig, SchedulerConfig):
+        for section_cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig):
             names = {f.name for f in fields(section_cls)}
             sections[section_cls] = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         top = {k: kwargs.pop(k) for k in list(kwargs)
@@ -88,6 +101,7 @@ class EngineConfig:
             model=ModelConfig(model=model, **sections[ModelConfig]),
             cache=CacheConfig(**sections[CacheConfig]),
             scheduler=SchedulerConfig(**sections[SchedulerConfig]),
+            parallel=ParallelConfig(**sections[ParallelConfig]),
             **top,
         )
 

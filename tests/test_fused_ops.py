@@ -368,3 +368,55 @@ def test_disable_env_turns_fused_ops_off(monkeypatch):
         monkeypatch.delenv("AIOINFER_DISABLE_FUSED_OPS")
         fused_ops.cache_clear()
     assert fused_ops() is not None
+
+
+# ------------------------------------------------------------------------------ SiLU and mul
+
+
+def _check_silu_and_mul(dtype, inter, num_tokens, seed=0):
+    from aioinfer.layers.triton_ops.silu_and_mul import silu_and_mul, silu_and_mul_reference
+
+    g = torch.Generator(device=DEV).manual_seed(seed * 1000 + inter + num_tokens)
+    # Rows of a wider buffer (strided rows, as after a slice), values spanning silu's curved region.
+    buf = (4 * torch.randn(num_tokens, 2 * inter + 16, generator=g, device=DEV)).to(dtype)
+    x = buf[:, 8 : 8 + 2 * inter]
+    out = silu_and_mul(x)
+    ref = silu_and_mul_reference(x)
+    assert out.shape == (num_tokens, inter) and out.is_contiguous()
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=2e-6, atol=1e-6)
+        return
+    # Allowed: 1 ulp (a different FMA contraction); under the interpreter, which truncates to bf16
+    # twice (silu, then the product), 3.
+    max_ulp = 3 if (dtype == torch.bfloat16 and _TRUNCATING_BF16) else 1
+    d = ulp_distance(out, ref)
+    assert int(d.max()) <= max_ulp, f"max {int(d.max())} ulp"
+    if not _TRUNCATING_BF16:
+        assert (d > 0).float().mean().item() <= 0.001
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [1, 7, 300, 4099])
+@pytest.mark.parametrize("inter", [128, 4864, 18944])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_gpu_silu_and_mul(dtype, inter, num_tokens):
+    _check_silu_and_mul(dtype, inter, num_tokens)
+
+
+@pytest.mark.gpu
+def test_gpu_mlp_layer_takes_fused_silu(monkeypatch):
+    from aioinfer.layers import activation as act_mod
+
+    calls = []
+    ops = fused_ops()
+    spy = type(ops)(**{**vars(ops), "silu_and_mul": lambda x: calls.append(1) or ops.silu_and_mul(x)})
+    monkeypatch.setattr(act_mod, "fused_ops", lambda: spy)
+    x = torch.randn(3, 256, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(act_mod.SiluAndMul()(x), act_mod.silu_and_mul_torch(x), rtol=0, atol=0)
+    assert calls == [1]
+
+
+@interp
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+def test_interp_silu_and_mul(dtype):
+    _check_silu_and_mul(dtype, 4864, 3)

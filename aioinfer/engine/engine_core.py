@@ -21,16 +21,38 @@ logger = logging.getLogger(__name__)
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        self.loaded = loaded or load_for_engine(config)
-        self.runner = ModelRunner(config, self.loaded.model, self.loaded.arch, self.loaded.device,
-                                  self.loaded.dtype, self.loaded.max_model_len)
+        tensor_parallel = config.parallel.tensor_parallel_size > 1
+        if tensor_parallel:
+            # Rank 0 of a tensor-parallel group: the runner spawns the other ranks and loads this shard.
+            from aioinfer.distributed.tp_runner import TensorParallelRunner
+
+            if loaded is not None:
+                raise ValueError("a preloaded model cannot be used with tensor_parallel_size > 1")
+            self.runner = TensorParallelRunner(config)
+            self.loaded = self.runner.loaded
+        else:
+            self.loaded = loaded or load_for_engine(config)
+            self.runner = ModelRunner(config, self.loaded.model, self.loaded.arch, self.loaded.device,
+                                      self.loaded.dtype, self.loaded.max_model_len)
         self.kv_cache = KVCacheManager(self.runner.num_kv_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.loaded.max_model_len)
         self.num_steps = 0
         # Async scheduling: launch step N+1 before waiting for step N's sampled ids, so that the host
-        # work between steps overlaps the device work. Opt-in until it has been measured on the GPU.
-        self.async_scheduling = bool(config.async_scheduling)
+        # work between steps overlaps the device work. The default on CUDA (H200: 0.5b batch-1 decode
+        # 1.34 -> 1.12 ms/token, 7b workload 1 +10%); off on CPU, where the device is the host.
+        # Off under tensor parallelism: the workers replay steps strictly one after another.
+        wanted = (self.loaded.device.type == "cuda" if config.async_scheduling is None
+                  else config.async_scheduling)
+        self.async_scheduling = wanted and not tensor_parallel
+        if config.async_scheduling and tensor_parallel:
+            logger.warning("async_scheduling is not supported with tensor_parallel_size > 1; it is off")
         self._in_flight = None  # (SchedulerOutput, launched step) not yet collected
+
+    def shutdown(self) -> None:
+        """Release what outlives a step: the tensor-parallel worker processes (nothing at tp=1). Idempotent."""
+        close = getattr(self.runner, "shutdown", None)
+        if close is not None:
+            close()
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

@@ -6,14 +6,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aioinfer.layers.triton_ops import fused_ops
+
+
+def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
+    """The CPU path and the oracle of the fused kernel. [..., 2I] -> [..., I]."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
 
 class SiluAndMul(nn.Module):
     """``silu(gate) * up`` where the input is ``[..., 2*I]`` = [gate | up] (gate_up_proj row order)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [T, 2I] -> [T, I]
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        if x.is_cuda and x.dim() == 2:
+            ops = fused_ops()
+            if ops is not None:
+                return ops.silu_and_mul(x)
+        return silu_and_mul_torch(x)
 
 
 def get_act_and_mul(name: str) -> nn.Module:

@@ -20,7 +20,7 @@ from aioinfer.core.kv_cache_manager import cdiv
 from aioinfer.worker.cuda_graphs import CudaGraphRunner, graph_buckets
 from aioinfer.worker.input_buffers import InputBuffers
 from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches, choose_num_blocks
-from aioinfer.worker.sampler import Sampler
+from aioinfer.worker.sampler import Sampler, SamplerOutput
 from aioinfer.worker.sampling_metadata import SamplingMetadata, SamplingRow
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class ModelRunner:
         self.spec = KVCacheSpec(
             num_layers=len(model.attention_layers()),
             block_size=self.block_size,
-            num_kv_heads=arch.num_kv_heads,
+            num_kv_heads=model.num_kv_heads,  # this rank's share under tensor parallelism
             head_dim=arch.head_dim,
             dtype=dtype,
         )
@@ -73,7 +73,11 @@ class ModelRunner:
         if device.type == "cuda" and not config.enforce_eager and getattr(backend, "supports_cuda_graphs", False):
             self.graphs = CudaGraphRunner(model, max_bs, max_blocks_per_seq, max_model_len, device,
                                           decode_splits=self._decode_splits)
-            self.graphs.capture()
+            try:
+                self.graphs.capture()
+            except Exception as exc:  # noqa: BLE001 - e.g. a collective the NCCL build cannot capture
+                logger.warning("CUDA graph capture failed, decode runs eager: %s", exc)
+                self.graphs = None
         self.sampler = Sampler()
         self._states: dict[str, _RequestState] = {}
         self._last_sampled: tuple[Optional[torch.Tensor], dict[str, int]] = (None, {})
@@ -137,13 +141,18 @@ class ModelRunner:
             state.num_pending += 1
         self._last_sampled = (result.sampled_token_ids,
                               {rid: row for row, rid in enumerate(inputs.sampled_request_ids)})
-        return _Launched(result, result.sampled_token_ids, inputs.sampled_request_ids, states)
+        host, ready = _copy_to_host(result)
+        return _Launched(host, ready, inputs.sampled_request_ids, states)
 
     def collect(self, launched: "_Launched") -> RunnerOutput:
         """Wait for a launched step's sampled ids: the step's one device-to-host sync."""
-        if launched.sampled is None:
+        if launched.result is None:
             return RunnerOutput(sampled_request_ids=[], sampled_token_ids=[])
-        token_ids: list[int] = launched.sampled.tolist()
+        if launched.ready is not None:
+            # Wait for this step's copy only: a .tolist() on the device tensor would also wait for
+            # the step launched after it, which is exactly the overlap async scheduling is for.
+            launched.ready.synchronize()
+        token_ids: list[int] = launched.result.sampled_token_ids.tolist()
         for state, token_id in zip(launched.states, token_ids):
             state.output_token_ids.append(token_id)
             state.num_pending -= 1
@@ -173,10 +182,33 @@ class ModelRunner:
 class _Launched:
     """A step whose device work is enqueued; ``collect`` waits for it."""
 
-    result: Optional[object]  # SamplerOutput
-    sampled: Optional[torch.Tensor]  # [N] int64 on the device
+    result: Optional[SamplerOutput]  # host (pinned) copies, valid once ``ready`` has completed
+    ready: Optional[torch.cuda.Event]  # recorded after the copies; None on CPU (already done)
     request_ids: list[str]
     states: list[_RequestState]
+
+
+def _copy_to_host(result: SamplerOutput) -> tuple[SamplerOutput, Optional[torch.cuda.Event]]:
+    """Start the device-to-host copies of a step's results into pinned memory; no host sync."""
+    if result.sampled_token_ids.device.type != "cuda":
+        return result, None
+
+    def host(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        if tensor is None:
+            return None
+        # A fresh pinned tensor per step: the host allocator only reuses its pages after the copy
+        # recorded on them has finished, so two steps in flight never share a buffer.
+        out = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        return out.copy_(tensor, non_blocking=True)
+
+    copied = SamplerOutput(sampled_token_ids=host(result.sampled_token_ids),
+                           sampled_logprobs=host(result.sampled_logprobs),
+                           sampled_ranks=host(result.sampled_ranks),
+                           top_token_ids=host(result.top_token_ids),
+                           top_logprobs=host(result.top_logprobs))
+    ready = torch.cuda.Event()
+    ready.record()
+    return copied, ready
 
 
 def _logprob_rows(result, states: list[_RequestState]) -> list[Optional[TokenLogprobs]]:

@@ -1,6 +1,6 @@
-"""Fused Triton kernels for the per-layer elementwise work (RMSNorm with residual add, rotary).
+"""Fused Triton kernels for the per-layer elementwise work (RMSNorm with residual add, rotary, SiLU-and-mul).
 
-Importing this package does NOT import triton: the kernel modules (``rms_norm``, ``rotary``) do,
+Importing this package does NOT import triton: the kernel modules (``rms_norm``, ``rotary``, ...) do,
 and the layers reach them only through :func:`fused_ops`, only for CUDA tensors. CPU paths never
 import triton (DESIGN.md).
 """
@@ -26,8 +26,10 @@ def fused_ops() -> Optional[SimpleNamespace]:
     try:
         from aioinfer.layers.triton_ops.rms_norm import fused_add_rms_norm, rms_norm
         from aioinfer.layers.triton_ops.rotary import apply_rotary_inplace
+        from aioinfer.layers.triton_ops.silu_and_mul import silu_and_mul
     except ImportError:
         return None
     return SimpleNamespace(
-        rms_norm=rms_norm, fused_add_rms_norm=fused_add_rms_norm, apply_rotary_inplace=apply_rotary_inplace
+        rms_norm=rms_norm, fused_add_rms_norm=fused_add_rms_norm, apply_rotary_inplace=apply_rotary_inplace,
+        silu_and_mul=silu_and_mul,
     )

@@ -5,7 +5,8 @@ from aioinfer.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "Engine", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "__version__"]
+__all__ = ["LLM", "Engine", "DataParallelEngine", "create_engine", "SamplingParams", "RequestOutput",
+           "CompletionOutput", "Logprob", "__version__"]
 
 
 def __getattr__(name: str):
@@ -18,4 +19,8 @@ def __getattr__(name: str):
         from aioinfer.engine.async_engine import Engine
 
         return Engine
+    if name in ("DataParallelEngine", "create_engine"):
+        from aioinfer.engine import data_parallel
+
+        return getattr(data_parallel, name)
     raise AttributeError(f"module 'aioinfer' has no attribute {name!r}")

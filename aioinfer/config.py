@@ -32,6 +32,8 @@ class CacheConfig:
     num_kv_blocks: Optional[int] = None  # explicit pool size; None: sized from memory
     gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the engine may use in all
     cpu_kv_cache_gib: float = 1.0  # CPU: KV pool size when num_kv_blocks is None
+    enable_prefix_caching: bool = True  # reuse full blocks of equal prompt prefixes (chained block hashes)
+    swap_space_gib: float = 4.0  # pinned host memory for KV blocks of swapped-out requests (GiB per engine)
 
     def __post_init__(self) -> None:
         _check(_positive_int(self.block_size) and self.block_size <= 1024, "block_size", self.block_size,
@@ -41,17 +43,23 @@ class CacheConfig:
         _check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", self.gpu_memory_utilization,
                "must be in (0, 1]")
         _check(self.cpu_kv_cache_gib > 0, "cpu_kv_cache_gib", self.cpu_kv_cache_gib, "must be > 0")
+        _check(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching", self.enable_prefix_caching,
+               "must be a bool")
+        _check(self.swap_space_gib >= 0, "swap_space_gib", self.swap_space_gib, "must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     max_num_seqs: int = 256  # requests running at once
     max_num_batched_tokens: int = 8192  # tokens computed per step (the token budget)
+    preemption_mode: str = "recompute"  # "recompute" | "swap" (to pinned host memory; recompute when it is full)
 
     def __post_init__(self) -> None:
         _check(_positive_int(self.max_num_seqs), "max_num_seqs", self.max_num_seqs, "must be a positive integer")
         _check(_positive_int(self.max_num_batched_tokens), "max_num_batched_tokens",
                self.max_num_batched_tokens, "must be a positive integer")
+        _check(self.preemption_mode in ("recompute", "swap"), "preemption_mode", self.preemption_mode,
+               "must be 'recompute' or 'swap'")
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,3 +29,11 @@ class SlowConsumerError(AioinferError):
 
 class RequestDeadlineExceeded(AioinferError, TimeoutError):
     """The request's deadline passed before it finished; it was aborted."""
+
+
+class TensorParallelError(AioinferError, ValueError):
+    """The model cannot be split over the requested tensor-parallel size (e.g. heads not divisible)."""
+
+
+class WorkerProcessError(AioinferError, RuntimeError):
+    """A tensor-parallel worker process failed or disappeared; the engine cannot go on."""

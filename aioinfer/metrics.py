@@ -25,33 +25,42 @@ _LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
                     240.0, 480.0, 960.0, 1920.0, 7680.0)
 _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# KV swaps: one block of a 7b model is ~1 MiB, a long request's whole KV a few GiB; PCIe 5 is ~50 GB/s.
+_SWAP_BYTES_BUCKETS = tuple(float(2**i) for i in range(16, 35, 2))  # 64 KiB .. 16 GiB
+_SWAP_SECONDS_BUCKETS = (1e-5, 1e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_SWAP_GBPS_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 75.0)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class PrometheusMetrics:
-    """All series of one server. ``observe_http`` is called by the app; the rest by the engine."""
+    """All series of one server. ``observe_http`` is called by the app; the rest by the engine.
+
+    Engine-level series carry vLLM's ``engine`` label, one value per data-parallel replica ("0"
+    without data parallelism): sum over it for the server's figure (kv_cache_usage_perc: average).
+    Series about the server as a whole (HTTP, admission refusals) have no ``engine`` label.
+    """
 
     def __init__(self, model_name: str, registry: Optional[CollectorRegistry] = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.model_name = model_name
-        r, labels = self.registry, ["model_name"]
+        r, labels = self.registry, ["model_name", "engine"]
 
         def hist(name: str, doc: str, buckets) -> Histogram:
-            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(model_name)
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
 
-        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", labels,
-                             registry=r).labels(model_name)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels,
-                             registry=r).labels(model_name)
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent.", labels,
-                              registry=r).labels(model_name)
+        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", labels, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent.", labels, registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of requests that were scheduled.",
-                                     labels, registry=r).labels(model_name)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels,
-                                         registry=r).labels(model_name)
-        self.preemptions = Counter("vllm:num_preemptions", "Requests preempted (KV recomputed later).", labels,
-                                   registry=r).labels(model_name)
+                                     labels, registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=r)
+        self.preemptions = Counter("vllm:num_preemptions", "Requests preempted (KV recomputed or swapped out).", labels,
+                                   registry=r)
+        self.prefix_cache_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix "
+                                            "cache (at first admission).", labels, registry=r)
+        self.prefix_cache_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.",
+                                         labels, registry=r)
         self.success = Counter("vllm:request_success", "Requests that ended, by finish reason.",
                                labels + ["finished_reason"], registry=r)
         self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
@@ -69,51 +78,77 @@ class PrometheusMetrics:
         self.step_requests = hist("aioinfer:step_batched_requests", "Requests computed together in one step.",
                                   _BATCH_BUCKETS)
         self.step_time = hist("aioinfer:step_duration_seconds", "Wall time of one engine step.", _TTFT_BUCKETS)
-        self.rejected = Counter("aioinfer:requests_rejected", "Requests refused at admission, by reason.",
-                                labels + ["reason"], registry=r)
         self.aborted = Counter("aioinfer:requests_aborted", "Requests aborted, by cause.",
                                labels + ["cause"], registry=r)
         self.failed = Counter("aioinfer:requests_failed", "Requests that ended with an engine error.", labels,
-                              registry=r).labels(model_name)
+                              registry=r)
+        self.routed = Counter("aioinfer:router_requests", "Requests a data-parallel router sent to each replica, "
+                              "by reason (prefix affinity or least load).", labels + ["route"], registry=r)
+        swap_labels = labels + ["direction"]  # "out" (device -> host) | "in" (host -> device)
+        self.swap_bytes = Histogram("aioinfer:kv_swap_bytes", "Bytes moved by one KV swap copy.", swap_labels,
+                                    buckets=_SWAP_BYTES_BUCKETS, registry=r)
+        self.swap_seconds = Histogram("aioinfer:kv_swap_seconds", "Duration of one KV swap copy (CUDA events).",
+                                      swap_labels, buckets=_SWAP_SECONDS_BUCKETS, registry=r)
+        self.swap_bandwidth = Histogram("aioinfer:kv_swap_bandwidth_gbps", "Bandwidth of one KV swap copy, GB/s.",
+                                        swap_labels, buckets=_SWAP_GBPS_BUCKETS, registry=r)
+        self.rejected = Counter("aioinfer:requests_rejected", "Requests refused at admission, by reason.",
+                                ["model_name", "reason"], registry=r)
         self.http = Counter("aioinfer:http_requests", "HTTP requests by route and status code.",
-                            labels + ["route", "status"], registry=r)
+                            ["model_name", "route", "status"], registry=r)
+        self._engines: dict[int, _EngineSeries] = {}
+        self.engine(0)  # engine "0" exists from the start, replicas beyond it from their first record
+
+    def engine(self, index: int) -> "_EngineSeries":
+        """The series of one engine (replica), bound to its labels once."""
+        series = self._engines.get(index)
+        if series is None:
+            series = self._engines[index] = _EngineSeries(self, str(index))
+        return series
 
     # ---------------------------------------------------------------- EngineObserver
 
     def on_step(self, stats: StepStats) -> None:
         try:
-            self.running.set(stats.num_running)
-            self.waiting.set(stats.num_waiting)
-            self.kv_usage.set(stats.kv_usage)
-            self.generation_tokens.inc(stats.num_generation_tokens)
+            e = self.engine(stats.engine_index)
+            e.running.set(stats.num_running)
+            e.waiting.set(stats.num_waiting)
+            e.kv_usage.set(stats.kv_usage)
+            e.generation_tokens.inc(stats.num_generation_tokens)
             if stats.num_preempted:
-                self.preemptions.inc(stats.num_preempted)
+                e.preemptions.inc(stats.num_preempted)
+            if stats.num_prefix_cache_queries:
+                e.prefix_cache_queries.inc(stats.num_prefix_cache_queries)
+                e.prefix_cache_hits.inc(stats.num_prefix_cache_hits)
             if stats.num_batched_requests:
-                self.iteration_tokens.observe(stats.num_scheduled_tokens)
-                self.step_requests.observe(stats.num_batched_requests)
-                self.step_time.observe(stats.step_time)
+                e.iteration_tokens.observe(stats.num_scheduled_tokens)
+                e.step_requests.observe(stats.num_batched_requests)
+                e.step_time.observe(stats.step_time)
+            for swap in stats.swaps:
+                self.swap_bytes.labels(self.model_name, e.label, swap.direction).observe(swap.num_bytes)
+                self.swap_seconds.labels(self.model_name, e.label, swap.direction).observe(swap.seconds)
+                self.swap_bandwidth.labels(self.model_name, e.label, swap.direction).observe(swap.gb_per_s)
         except Exception:  # noqa: BLE001 - observers must not raise
             logger.exception("metrics: on_step failed")
 
     def on_request_done(self, stats: RequestStats) -> None:
         try:
-            m = self.model_name
+            m, e = self.model_name, self.engine(stats.engine_index)
             if stats.queue_time is not None:  # it ran, so its prompt was computed
-                self.prompt_tokens.inc(stats.num_prompt_tokens)
-                self.queue_time.observe(stats.queue_time)
+                e.prompt_tokens.inc(stats.num_prompt_tokens)
+                e.queue_time.observe(stats.queue_time)
             if stats.ttft is not None:
-                self.ttft.observe(stats.ttft)
+                e.ttft.observe(stats.ttft)
             for gap in stats.inter_token_latencies:
-                self.itl.observe(gap)
-            self.e2e.observe(stats.e2e_latency)
+                e.itl.observe(gap)
+            e.e2e.observe(stats.e2e_latency)
             if stats.status == "error":
-                self.failed.inc()
+                e.failed.inc()
                 return
-            self.success.labels(m, stats.finish_reason or "abort").inc()
-            self.request_prompt_tokens.observe(stats.num_prompt_tokens)
-            self.request_generation_tokens.observe(stats.num_output_tokens)
+            self.success.labels(m, e.label, stats.finish_reason or "abort").inc()
+            e.request_prompt_tokens.observe(stats.num_prompt_tokens)
+            e.request_generation_tokens.observe(stats.num_output_tokens)
             if stats.status == "aborted":
-                self.aborted.labels(m, stats.abort_cause or "unknown").inc()
+                self.aborted.labels(m, e.label, stats.abort_cause or "unknown").inc()
         except Exception:  # noqa: BLE001
             logger.exception("metrics: on_request_done failed")
 
@@ -122,6 +157,13 @@ class PrometheusMetrics:
             self.rejected.labels(self.model_name, reason).inc()
         except Exception:  # noqa: BLE001
             logger.exception("metrics: on_rejected failed")
+
+    def on_routed(self, engine_index: int, by_affinity: bool) -> None:
+        try:
+            self.routed.labels(self.model_name, self.engine(engine_index).label,
+                               "prefix_affinity" if by_affinity else "least_loaded").inc()
+        except Exception:  # noqa: BLE001
+            logger.exception("metrics: on_routed failed")
 
     # ---------------------------------------------------------------- server side
 
@@ -132,9 +174,25 @@ class PrometheusMetrics:
         """Gauges from the engine's snapshot at scrape time (no step runs while idle)."""
         if not engine_stats:
             return
-        self.running.set(engine_stats.get("num_running", 0))
-        self.waiting.set(engine_stats.get("num_waiting", 0))
-        self.kv_usage.set(engine_stats.get("kv_usage", 0.0))
+        for index, stats in enumerate(engine_stats.get("replicas") or [engine_stats]):
+            e = self.engine(index)
+            e.running.set(stats.get("num_running", 0))
+            e.waiting.set(stats.get("num_waiting", 0))
+            e.kv_usage.set(stats.get("kv_usage", 0.0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _EngineSeries:
+    """One engine's children of the engine-level series (label lookups once, not per step)."""
+
+    _BOUND = ("running", "waiting", "kv_usage", "prompt_tokens", "generation_tokens", "preemptions",
+              "prefix_cache_queries", "prefix_cache_hits", "ttft", "itl",
+              "e2e", "queue_time", "request_prompt_tokens", "request_generation_tokens", "iteration_tokens",
+              "step_requests", "step_time", "failed")
+
+    def __init__(self, metrics: PrometheusMetrics, label: str) -> None:
+        self.label = label
+        for name in self._BOUND:
+            setattr(self, name, getattr(metrics, name).labels(metrics.model_name, label))

@@ -13,9 +13,10 @@ class RequestStatus(enum.IntEnum):
     WAITING = 0
     RUNNING = 1
     PREEMPTED = 2  # back in the waiting queue, its KV dropped (recompute)
-    FINISHED_STOPPED = 3  # EOS, a stop token or a stop string
-    FINISHED_LENGTH = 4  # max_tokens or the model's context length
-    FINISHED_ABORTED = 5
+    SWAPPED = 3  # back in the waiting queue, its KV in a run of host blocks (swap-in resumes it)
+    FINISHED_STOPPED = 4  # EOS, a stop token or a stop string
+    FINISHED_LENGTH = 5  # max_tokens or the model's context length
+    FINISHED_ABORTED = 6
 
     @property
     def finished(self) -> bool:
@@ -52,12 +53,18 @@ class Request:
     arrival_time: float = 0.0  # seconds (time.monotonic) when the engine accepted it
     priority: int = 0  # lower runs first (vLLM's convention)
     seed: int = 0  # effective sampling seed
+    cache_salt: Optional[str] = None  # part of the prefix-cache key: equal salts (tenants) share prefixes
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose KV is in the cache (or being computed by a launched step)
     num_pending_tokens: int = 0  # sampled by a launched step, not yet known on the host (async scheduling)
     num_preemptions: int = 0
     stop_reason: Optional[object] = None  # the stop token id or stop string that ended it
+    # Set by the scheduler and the KV cache manager:
+    order_key: tuple[int, int] = (0, 0)  # (aged priority, arrival sequence): scheduling order, smallest first
+    block_hashes: list[int] = field(default_factory=list)  # chained prefix-cache keys of its full blocks so far
+    num_cached_tokens: Optional[int] = None  # prompt tokens found in the prefix cache at first admission
+    host_run_start: Optional[int] = None  # SWAPPED: first host block of its KV (cdiv(computed, block_size) long)
 
     @property
     def num_prompt_tokens(self) -> int:

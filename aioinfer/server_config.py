@@ -32,6 +32,11 @@ ENGINE_OPTIONS: dict[str, type] = {
     "attention_backend": str,
     "enforce_eager": bool,
     "async_scheduling": bool,
+    "data_parallel_size": int,
+    "tensor_parallel_size": int,
+    "enable_prefix_caching": bool,
+    "preemption_mode": str,
+    "swap_space_gib": float,
     # async-engine options
     "max_waiting_requests": int,
     "max_waiting_prompt_tokens": int,

@@ -38,6 +38,7 @@ def main() -> None:
     p.add_argument("--hf-peer", action="store_true", help="also time transformers' generate")
     p.add_argument("--hf-new-tokens", type=int, default=64)
     p.add_argument("--device", default=None)
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs (ranks) the model is split over")
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
@@ -65,6 +66,7 @@ def main() -> None:
         llm, dropped = make_llm(folder, device, None if args.enforce_eager is None else args.enforce_eager == "true",
                                 args.attention_backend, max_model_len=args.prompt_len + args.new_tokens + 16,
                                 max_num_seqs=max(batches), gpu_memory_utilization=args.gpu_memory_utilization,
+                                tensor_parallel_size=args.tensor_parallel_size,
                                 **({} if args.async_scheduling is None
                                    else {"async_scheduling": args.async_scheduling == "true"}))
         init_s = time.perf_counter() - t0
@@ -88,10 +90,12 @@ def main() -> None:
             floor = statistics.fmean(
                 decode_step_floor_s(shape, [args.prompt_len + t] * batch, ceil["copy_bytes_per_s"],
                                     ceil["matmul_flop_per_s"]) for t in range(1, args.new_tokens))
-            row = {"system": "aioinfer", "batch": batch, "t_first_s": t1, "t_total_s": tn, "tpot_ms": tpot * 1e3,
+            row = {"system": "aioinfer", "tp": args.tensor_parallel_size,
+                   "cuda_graphs": getattr(llm.engine.runner, "graphs", None) is not None, "batch": batch, "t_first_s": t1, "t_total_s": tn, "tpot_ms": tpot * 1e3,
                    "floor_ms": floor * 1e3, "over_floor": tpot / floor, "tok_per_s": batch / tpot}
             results.append(row)
             print(row, flush=True)
+        llm.shutdown()  # tensor parallel: stop the worker processes (their GPUs too)
         del llm
         gc.collect()
         if device == "cuda":

@@ -43,6 +43,7 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="aioinfer only: GPUs the model is split over")
     p.add_argument("--device", default=None, help="cuda (default when present) or cpu (smoke test)")
     p.add_argument("--timeout", type=float, default=900, help="seconds for aioinfer's child process")
     p.add_argument("--peer-timeout", type=float, default=900, help="seconds per peer's child process")
@@ -82,6 +83,7 @@ def main() -> None:
                   "--device", device, "--max-num-seqs", str(args.max_num_seqs),
                   "--max-num-batched-tokens", str(args.max_num_batched_tokens),
                   "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+                  "--tensor-parallel-size", str(args.tensor_parallel_size),
                   "--generate-batch-size", str(args.generate_batch_size)]
         if args.attention_backend:
             common += ["--attention-backend", args.attention_backend]
@@ -163,6 +165,7 @@ def run_aioinfer(args, device: str, requests, subset) -> dict[str, Any]:
                             args.attention_backend, max_model_len=2048, max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens,
                             gpu_memory_utilization=args.gpu_memory_utilization,
+                            tensor_parallel_size=args.tensor_parallel_size,
                             **({} if args.async_scheduling is None
                                else {"async_scheduling": args.async_scheduling == "true"}))
     init_s = time.perf_counter() - t0
@@ -188,6 +191,7 @@ def run_aioinfer(args, device: str, requests, subset) -> dict[str, Any]:
     print(f"aioinfer full: {result['full']}", flush=True)
     if args.peers and not args.skip_peers:
         result["subset"] = generate(subset)
+    llm.shutdown()  # tensor parallel: stop the worker processes
     return result
 
 

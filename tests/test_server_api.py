@@ -177,7 +177,9 @@ def test_usage_chunk_echo_stop(client, model_name, llm):
                                                  stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 7
-    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 0
+    # Whole blocks of 16 only, and never the block of the last prompt token (exact values: test_prefix_cache_usage).
+    cached, prompt_tokens = chunks[-1].usage.prompt_tokens_details.cached_tokens, chunks[-1].usage.prompt_tokens
+    assert cached % 16 == 0 and cached <= (prompt_tokens - 1) // 16 * 16
     echo = client.completions.create(model=model_name, prompt=PROMPTS[3], max_tokens=5, temperature=0, echo=True)
     plain = client.completions.create(model=model_name, prompt=PROMPTS[3], max_tokens=5, temperature=0)
     assert echo.choices[0].text == PROMPTS[3] + plain.choices[0].text
@@ -188,6 +190,46 @@ def test_usage_chunk_echo_stop(client, model_name, llm):
     got = client.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=16, temperature=0, stop=[stop],
                                     extra_body={"ignore_eos": True}).choices[0]
     assert (got.text, got.finish_reason, got.model_extra["stop_reason"]) == (want.text, "stop", stop)
+
+
+def test_prefix_cache_usage(server, client, model_name):
+    """cached_tokens: 0 for a new prompt, its whole blocks but the last token's on a repeat (block_size 16),
+    for completions and chat, streamed or not, with the same text; another cache_salt never shares."""
+    import uuid
+
+    before = metric_samples(server)
+    prompt = uuid.uuid4().hex + " The quick brown fox jumps over the lazy dog." * 3  # new to this server
+    ask = dict(model=model_name, prompt=prompt, max_tokens=6, temperature=0)
+    cold = client.completions.create(**ask)
+    n = cold.usage.prompt_tokens
+    warm_tokens = (n - 1) // 16 * 16
+    assert warm_tokens >= 32 and cold.usage.prompt_tokens_details.cached_tokens == 0
+    warm = client.completions.create(**ask)
+    assert warm.usage.prompt_tokens_details.cached_tokens == warm_tokens
+    assert warm.choices[0].text == cold.choices[0].text
+    chunks = list(client.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == warm_tokens
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == cold.choices[0].text
+    # Another tenant: nothing shared at first, its own blocks afterwards; priority is accepted alongside.
+    salted = [client.completions.create(**ask, extra_body={"cache_salt": "tenant-b", "priority": p}) for p in (3, -2)]
+    assert [s.usage.prompt_tokens_details.cached_tokens for s in salted] == [0, warm_tokens]
+    assert {s.choices[0].text for s in salted} == {cold.choices[0].text}
+
+    messages = [{"role": "user", "content": prompt}]
+    chat_cold = client.chat.completions.create(model=model_name, messages=messages, max_tokens=6, temperature=0)
+    assert chat_cold.usage.prompt_tokens_details.cached_tokens == 0
+    chunks = list(client.chat.completions.create(model=model_name, messages=messages, max_tokens=6, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == (chat_cold.usage.prompt_tokens - 1) // 16 * 16
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+        chat_cold.choices[0].message.content
+    # Prometheus counts tokens: 5 completions and 2 chats looked up, 3 + 1 of them hit.
+    after = metric_samples(server)
+    m = chat_cold.usage.prompt_tokens
+    assert metric(after, "vllm:prefix_cache_queries_total") - metric(before, "vllm:prefix_cache_queries_total") == \
+        5 * n + 2 * m
+    assert metric(after, "vllm:prefix_cache_hits_total") - metric(before, "vllm:prefix_cache_hits_total") == \
+        3 * warm_tokens + (m - 1) // 16 * 16
 
 
 def test_default_max_tokens(client, model_name):
@@ -263,6 +305,8 @@ def _table(model_len: int) -> list[tuple[str, str, object, int, str | None]]:
         ("echo-with-logprobs", c, {"prompt": "hi", "echo": True, "logprobs": 1}, 400, "echo"),
         ("min-tokens-above-max", c, {"prompt": "hi", "max_tokens": 2, "min_tokens": 5}, 400, "min_tokens"),
         ("priority-string", c, {"prompt": "hi", "priority": "high"}, 400, "priority"),
+        ("cache-salt-empty", c, {"prompt": "hi", "cache_salt": ""}, 400, "cache_salt"),
+        ("chat-cache-salt-number", ch, {"messages": msg, "cache_salt": 7}, 400, "cache_salt"),
         ("prompt-too-long", c, {"prompt": long_prompt, "max_tokens": 1}, 400, None),
         ("prompt-plus-max-tokens-too-long", c, {"prompt": "hi", "max_tokens": model_len}, 400, None),
         ("unknown-model", c, {"model": "gpt-9", "prompt": "hi"}, 404, "model"),
@@ -332,5 +376,6 @@ def test_metrics_parse_and_move(server, client, model_name):
     assert metric(after, "vllm:request_queue_time_seconds_count") > 0
     assert metric(after, "aioinfer:http_requests_total", status="400") >= 1
     for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
-        assert any(n == gauge and labels == {"model_name": model_name} for n, labels, _ in after)
+        # vLLM's labels: the model and the engine (data-parallel replica; "0" alone here)
+        assert any(n == gauge and labels == {"model_name": model_name, "engine": "0"} for n, labels, _ in after)
     assert metric(after, "vllm:kv_cache_usage_perc") == 0.0  # idle: every block free again

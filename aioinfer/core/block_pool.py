@@ -2,6 +2,10 @@
 
 Pure Python. Block 0 is reserved as the null block: padded block-table entries and padded
 tokens (CUDA-graph batches) point at it, so it is never handed out.
+
+A free block may still hold the KV of a cached prefix (see prefix_cache.py): it stays in the
+free list, where ``touch`` can revive it, until ``allocate`` hands it out again. The free list's
+order is therefore also the prefix cache's eviction order: least recently freed first.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ class BlockPool:
             raise ValueError(f"num_kv_blocks must be >= 2 (one is the reserved null block), got {num_blocks}")
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
-        # Insertion order is eviction order: the prefix cache (later) revives blocks from the middle,
+        # Insertion order is eviction order: the prefix cache revives blocks from the middle,
         # which a deque cannot do cheaply.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks))
         self.ref_counts[NULL_BLOCK_ID] = 1  # pinned forever
@@ -47,6 +51,19 @@ class BlockPool:
             self.ref_counts[block_id] = 1
             blocks.append(block_id)
         return blocks
+
+    def touch(self, block_ids: list[int]) -> int:
+        """Take one more reference on each block (prefix-cache hits); returns how many left the free list."""
+        revived = 0
+        for block_id in block_ids:
+            if self.ref_counts[block_id] == 0:
+                del self._free[block_id]
+                revived += 1
+            self.ref_counts[block_id] += 1
+        return revived
+
+    def is_free(self, block_id: int) -> bool:
+        return self.ref_counts[block_id] == 0
 
     def free(self, block_ids: list[int]) -> None:
         """Drop one reference from each block; blocks reaching zero join the free list.

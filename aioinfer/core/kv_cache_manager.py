@@ -1,4 +1,14 @@
-"""Owns each request's block table and grows it as the request's computed tokens advance."""
+"""Owns each request's block table: prefix-cache hits, reservations at admission, lazy growth.
+
+Reservation: a request is admitted only if the blocks its uncached known tokens need fit beside
+every other admitted request's outstanding reservation. The blocks materialise lazily, as chunks
+are granted; a request may always take its own reserved blocks, and anything beyond them (decode
+growth) only from blocks nobody has reserved. So an admitted prefill never stalls halfway for lack
+of blocks that were there when it was admitted; decode growth is what preempts.
+
+Free blocks include cached ones nobody references (they are evicted when handed out), so
+``num_free_blocks`` is what can be allocated, and "all free" means "nothing referenced".
+"""
 
 from __future__ import annotations
 
@@ -6,6 +16,8 @@ from collections import Counter
 from typing import Optional
 
 from aioinfer.core.block_pool import BlockPool
+from aioinfer.core.prefix_cache import BROKEN, CachedBlock, PrefixCache, chain_hash
+from aioinfer.request import Request
 
 
 def cdiv(a: int, b: int) -> int:
@@ -13,14 +25,27 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 model_identity: str = "") -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
+        self.prefix_cache = PrefixCache() if enable_prefix_caching else None
+        self.model_identity = model_identity  # part of every chain's first key
         self._tables: dict[str, list[int]] = {}
+        # Per table, the cache entries that stand for its leading full blocks (the request's own
+        # block's entry, an equal entry computed by another request, or BROKEN); shorter than the
+        # table while the tail is partial, uncomputed or not yet registered.
+        self._chains: dict[str, list[CachedBlock]] = {}
+        self._reserved: dict[str, int] = {}  # request id -> table length (blocks) promised at admission
+        self._num_reserved = 0  # outstanding (promised, not yet allocated) blocks of all requests
 
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        return self._num_reserved
 
     @property
     def capacity_tokens(self) -> int:
@@ -33,28 +58,173 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         return self._tables.get(request_id, [])
 
+    def holds(self, request_id: str) -> bool:
+        """Whether the request has a table or a reservation (admitted and not freed since)."""
+        return request_id in self._tables or request_id in self._reserved
+
+    # ------------------------------------------------------------------ admission
+
+    def admit(self, request: Request) -> Optional[int]:
+        """Reserve blocks for the request's known tokens, reusing cached leading blocks.
+
+        Returns the number of tokens found in the cache (its computed tokens from now on), or None
+        (and no change) when its uncached blocks do not fit beside the other reservations. At least
+        the last known token is always left to compute: the block holding it is never taken from
+        the cache, because a shared block is never written and the step must produce its logits.
+        """
+        hits = self._match(request)
+        target = cdiv(request.num_tokens, self.block_size)
+        revived = sum(1 for entry in hits if self.pool.is_free(entry.block_id))
+        if target - len(hits) + self._num_reserved > self.pool.num_free_blocks - revived:
+            return None
+        hit_ids = [entry.block_id for entry in hits]
+        self.pool.touch(hit_ids)
+        self._tables[request.request_id] = hit_ids
+        self._chains[request.request_id] = hits
+        self._reserve(request.request_id, target)
+        return len(hits) * self.block_size
+
+    def admit_swapped(self, request: Request, num_blocks: int) -> Optional[list[int]]:
+        """Reserve blocks for a swapped request's known tokens and allocate ``num_blocks`` of them now
+        (fresh, private: the targets of its swap-in). None (and no change) when they do not fit."""
+        target = max(cdiv(request.num_tokens, self.block_size), num_blocks)
+        if target + self._num_reserved > self.pool.num_free_blocks:
+            return None
+        self._tables[request.request_id] = []
+        self._chains[request.request_id] = []
+        self._reserve(request.request_id, target)
+        return self.allocate_slots(request.request_id, 0, num_blocks * self.block_size)
+
+    def _reserve(self, request_id: str, target_blocks: int) -> None:
+        self._reserved[request_id] = target_blocks
+        self._num_reserved += self._outstanding(request_id)
+
+    def _outstanding(self, request_id: str) -> int:
+        target = self._reserved.get(request_id)
+        return 0 if target is None else max(0, target - len(self._tables.get(request_id, ())))
+
+    # ------------------------------------------------------------------ growth
+
     def allocate_slots(self, request_id: str, num_computed_tokens: int, num_new_tokens: int) -> Optional[list[int]]:
-        """Make room for ``num_new_tokens`` after ``num_computed_tokens``; None (and no change) if it can't."""
+        """Make room for ``num_new_tokens`` after ``num_computed_tokens``; None (and no change) if it can't.
+
+        The request's own outstanding reservation is always available to it; blocks beyond it
+        come only from those no other request has reserved.
+        """
         table = self._tables.setdefault(request_id, [])
         needed = cdiv(num_computed_tokens + num_new_tokens, self.block_size) - len(table)
         if needed <= 0:
             return []
-        if needed > self.pool.num_free_blocks:
-            if not table:
+        own = self._outstanding(request_id)
+        if needed > self.pool.num_free_blocks - (self._num_reserved - own):
+            if not table and request_id not in self._reserved:
                 del self._tables[request_id]
             return None
         new_blocks = self.pool.allocate(needed)
+        if self.prefix_cache is not None:
+            for block_id in new_blocks:
+                self.prefix_cache.evict(block_id)
         table.extend(new_blocks)
+        self._num_reserved -= own - self._outstanding(request_id)
         return new_blocks
 
-    def free(self, request_id: str) -> None:
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register the request's full blocks among its first ``num_tokens`` tokens (computed, or being
+        computed by a launched step, and known on the host) in the prefix cache."""
+        if self.prefix_cache is None:
+            return
+        table = self._tables.get(request.request_id)
+        if not table:
+            return
+        chain = self._chains.setdefault(request.request_id, [])
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        if len(chain) >= num_full:
+            return
+        hashes = self._hashes(request, num_full)
+        extra = (self.model_identity, request.cache_salt)
+        while len(chain) < num_full:
+            i = len(chain)
+            parent = chain[-1] if chain else None
+            if parent is BROKEN:
+                chain.append(BROKEN)
+                continue
+            chain.append(self.prefix_cache.register(
+                table[i], hashes[i], self._block_tokens(request, i), parent, extra,
+                in_use=lambda block_id: not self.pool.is_free(block_id)))
+
+    def free(self, request: Request) -> None:
+        """Drop the request's blocks (tail first, so the tail is evicted first) and its reservation.
+
+        Its computed full blocks are cached first: a preempted or finished request's KV stays
+        reusable until the blocks are handed out again.
+        """
+        request_id = request.request_id
+        self.cache_blocks(request, request.num_computed_tokens)
+        self._num_reserved -= self._outstanding(request_id)
+        self._reserved.pop(request_id, None)
+        self._chains.pop(request_id, None)
         table = self._tables.pop(request_id, None)
         if table:
             self.pool.free(table[::-1])
 
+    # ------------------------------------------------------------------ prefix lookup
+
+    def _match(self, request: Request) -> list[CachedBlock]:
+        if self.prefix_cache is None:
+            return []
+        max_blocks = (request.num_tokens - 1) // self.block_size  # never the block of the last token
+        if max_blocks <= 0:
+            return []
+        hashes = self._hashes(request, max_blocks)
+        return self.prefix_cache.match(hashes, lambda i: self._block_tokens(request, i),
+                                       (self.model_identity, request.cache_salt), max_blocks)
+
+    def _hashes(self, request: Request, num_blocks: int) -> list[int]:
+        """The request's chained block keys, extended (once, kept on the request) to ``num_blocks``."""
+        hashes = request.block_hashes
+        extra = (self.model_identity, request.cache_salt)
+        while len(hashes) < num_blocks:
+            i = len(hashes)
+            hashes.append(chain_hash(hashes[-1] if i else None, self._block_tokens(request, i), extra))
+        return hashes
+
+    def _block_tokens(self, request: Request, index: int) -> tuple[int, ...]:
+        return tuple(request.token_ids_slice(index * self.block_size, (index + 1) * self.block_size))
+
+    # ------------------------------------------------------------------ checks
+
     def check_invariants(self) -> None:
+        """Ref counts, free list, cache index and reservations agree; raises AssertionError on drift."""
         referenced = Counter(b for table in self._tables.values() for b in table)
         self.pool.check_invariants(referenced)
+        outstanding = 0
+        for request_id, target in self._reserved.items():
+            assert request_id in self._tables, f"{request_id} holds a reservation but no table"
+            outstanding += max(0, target - len(self._tables[request_id]))
+        assert outstanding == self._num_reserved, f"reservations sum to {outstanding}, counted {self._num_reserved}"
+        assert self._num_reserved <= self.pool.num_free_blocks, (
+            f"{self._num_reserved} blocks reserved but only {self.pool.num_free_blocks} free")
+        if self.prefix_cache is None:
+            assert not any(self._chains.values())
+            return
+        self.prefix_cache.check_invariants()
+        for request_id, table in self._tables.items():
+            chain = self._chains.get(request_id, [])
+            assert len(chain) <= len(table), f"{request_id}: cache chain longer than its table"
+            for i, entry in enumerate(chain):
+                if entry.live and entry.block_id == table[i]:
+                    assert self.prefix_cache.entry(table[i]) is entry
+            # Blocks past the chain are being written: they must be private and uncached.
+            for block_id in table[len(chain):]:
+                assert not self.prefix_cache.is_cached(block_id), (
+                    f"{request_id}: block {block_id} is cached but still being written")
+                assert self.pool.ref_counts[block_id] == 1, f"{request_id}: block {block_id} is shared while written"
+
+    def num_chain_blocks(self, request_id: str) -> int:
+        """Leading blocks of the table known to the cache (their KV is complete and immutable)."""
+        return len(self._chains.get(request_id, ()))
 
     def all_free(self) -> bool:
-        return not self._tables and self.pool.num_free_blocks == self.pool.num_usable_blocks
+        """Nothing referenced and nothing reserved (cached blocks with no reference count as free)."""
+        return (not self._tables and not self._reserved
+                and self.pool.num_free_blocks == self.pool.num_usable_blocks)

@@ -1,28 +1,43 @@
 """Continuous batching under a token budget (pure Python; never imports torch).
 
 One rule (vLLM v1's): every request's computed tokens catch up with its known tokens. Each step
-grants running requests first, oldest first, then admits waiting ones while the budget, the
-sequence limit and the KV pool allow. A grant smaller than what is left of a prompt is a chunk
-of a chunked prefill; a grant that reaches the end of the known tokens samples one token. When
-the pool runs dry, the newest running request is preempted: its blocks are dropped and it goes
-back to the front of the waiting queue, to be recomputed from its prompt and output so far.
+grants running requests first, in scheduling order, then admits waiting ones while the budget,
+the sequence limit and the KV pool allow. A grant smaller than what is left of a prompt is a chunk
+of a chunked prefill; a grant that reaches the end of the known tokens samples one token; a
+prefix-cache hit is a request admitted with computed tokens already > 0.
+
+Scheduling order is by priority with aging, FCFS within a priority (request_queue.py). When the
+pool runs dry, the last running request in that order (lowest priority, latest arrival) is
+preempted and goes back to the waiting queue: by recompute (its blocks are dropped; prompt and
+output so far are computed again, through the prefix cache where its blocks survived), or, with
+``preemption_mode="swap"``, by moving its blocks to a run of host blocks (a SwapOut for the
+runner) and later back into fresh device blocks (a SwapIn), after which it simply continues.
+A victim whose prompt is not computed yet is always recomputed, and so is any victim when no run
+of host blocks is free.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import itertools
+import logging
 from typing import Iterable, Optional
 
 from aioinfer.config import SchedulerConfig
+from aioinfer.core.host_block_pool import HostBlockPool
 from aioinfer.core.kv_cache_manager import KVCacheManager, cdiv
+from aioinfer.core.request_queue import PRIORITY_AGING_STEPS, RequestQueue, insert_ordered, order_key
 from aioinfer.core.scheduler_output import (
     EngineCoreOutput,
     NewRequestData,
     RunnerOutput,
     ScheduledRequest,
     SchedulerOutput,
+    SwapIn,
+    SwapOut,
 )
 from aioinfer.request import Request, RequestStatus
+
+logger = logging.getLogger(__name__)
 
 
 PLACEHOLDER_TOKEN = -1  # a token id sampled on the device but not yet known on the host
@@ -33,16 +48,30 @@ class RequestTooLongError(ValueError):
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int) -> None:
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
+                 num_host_blocks: int = 0, priority_aging_steps: int = PRIORITY_AGING_STEPS) -> None:
+        if priority_aging_steps < 1:
+            raise ValueError(f"priority_aging_steps must be >= 1, got {priority_aging_steps}")
         self.config = config
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
+        self.priority_aging_steps = priority_aging_steps
+        swap = config.preemption_mode == "swap"
+        self.host_pool = HostBlockPool(num_host_blocks if swap else 0)
+        if swap and num_host_blocks == 0:
+            logger.warning("preemption_mode='swap' without host blocks (swap_space_gib or the runner's "
+                           "support): every preemption recomputes")
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # admission order: the newest is last
+        self.waiting = RequestQueue()  # new, preempted and swapped requests, in scheduling order
+        self.running: list[Request] = []  # in scheduling order: the last is the first victim
         self._known_to_runner: set[str] = set()
         self._finished_since_last_step: list[str] = []
-        self.num_preemptions = 0  # total, for metrics and tests
+        self._num_steps = 0  # schedule() calls: the clock of priority aging
+        self._arrivals = itertools.count()
+        # Totals, for metrics and tests:
+        self.num_preemptions = 0
+        self.num_swapped_out = 0  # preemptions that went to host memory
+        self.num_swapped_in = 0
 
     # ----------------------------------------------------------------- admission
 
@@ -66,8 +95,12 @@ class Scheduler:
         if not request.prompt_token_ids:
             raise ValueError("the prompt must contain at least one token")
         self.check_fits(request.num_prompt_tokens, request.max_tokens)
+        if not isinstance(request.priority, int) or isinstance(request.priority, bool):
+            raise ValueError(f"priority must be an integer, got {request.priority!r}")
+        request.order_key = order_key(request.priority, self._num_steps, next(self._arrivals),
+                                      self.priority_aging_steps)
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self.waiting.push(request)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
         """End requests from outside the step (aborts, stop strings); unknown or finished ids are ignored."""
@@ -94,9 +127,12 @@ class Scheduler:
     # ----------------------------------------------------------------- one step
 
     def schedule(self) -> SchedulerOutput:
+        self._num_steps += 1
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         new_requests: list[NewRequestData] = []
+        swap_out: list[SwapOut] = []
+        swap_in: list[SwapIn] = []
 
         preemptions_before = self.num_preemptions
         index = 0
@@ -106,25 +142,38 @@ class Scheduler:
                 index += 1  # its token in flight is its last (length limit): nothing more to compute
                 continue
             num_new = min(self._num_known_or_pending(request) - request.num_computed_tokens, budget)
-            if not self._allocate_or_preempt(request, num_new):
-                break  # the request itself was the newest left: it went back to waiting
+            if not self._allocate_or_preempt(request, num_new, swap_out):
+                break  # the request itself was the last in order: it went back to waiting
             scheduled.append(self._grant(request, num_new, new_requests))
             budget -= num_new
             index += 1
         num_preempted = self.num_preemptions - preemptions_before
 
         # Admitting while preempting would only thrash: the newcomers would be the next victims.
+        queries = hits = 0
         if num_preempted == 0:
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-                request = self.waiting[0]
+                request = self.waiting.peek()
                 if request.num_pending_tokens:
-                    break  # preempted while its last token was in flight: recompute once the token is known
-                num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-                if self.kv_cache.allocate_slots(request.request_id, request.num_computed_tokens, num_new) is None:
-                    break
-                self.waiting.popleft()
+                    break  # preempted while its last token was in flight: resume once the token is known
+                if request.status == RequestStatus.SWAPPED:
+                    if not self._swap_in(request, swap_in):
+                        break
+                else:
+                    num_cached = self.kv_cache.admit(request)
+                    if num_cached is None:
+                        break  # its uncached blocks do not fit beside the other reservations
+                    request.num_computed_tokens = num_cached
+                    if request.num_cached_tokens is None:  # first admission: what usage reports
+                        request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
+                        queries += request.num_tokens
+                        hits += num_cached
+                self.waiting.pop()
                 request.status = RequestStatus.RUNNING
-                self.running.append(request)
+                insert_ordered(self.running, request)
+                num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+                allocated = self.kv_cache.allocate_slots(request.request_id, request.num_computed_tokens, num_new)
+                assert allocated is not None, "admission reserved these blocks"
                 scheduled.append(self._grant(request, num_new, new_requests))
                 budget -= num_new
 
@@ -135,27 +184,62 @@ class Scheduler:
             finished_request_ids=finished,
             num_scheduled_tokens=self.config.max_num_batched_tokens - budget,
             num_preempted=num_preempted,
+            swap_out=swap_out,
+            swap_in=swap_in,
+            num_prefix_cache_queries=queries,
+            num_prefix_cache_hits=hits,
         )
 
-    def _allocate_or_preempt(self, request: Request, num_new: int) -> bool:
-        """Allocate blocks for ``request``, preempting the newest running requests as needed.
+    def _allocate_or_preempt(self, request: Request, num_new: int, swap_out: list[SwapOut]) -> bool:
+        """Allocate blocks for ``request``, preempting running requests from the back of the order.
 
-        Returns False when ``request`` itself had to be preempted (it was the newest left).
+        Returns False when ``request`` itself had to be preempted (it was the last left).
         """
         while self.kv_cache.allocate_slots(request.request_id, request.num_computed_tokens, num_new) is None:
             victim = self.running.pop()
-            self._preempt(victim)
+            self._preempt(victim, swap_out)
             if victim is request:
                 return False
         return True
 
-    def _preempt(self, request: Request) -> None:
-        self.kv_cache.free(request.request_id)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
+    def _preempt(self, request: Request, swap_out: list[SwapOut]) -> None:
+        table = self.kv_cache.block_ids(request.request_id)
+        host_start = None
+        # Only a request whose prompt is computed is worth swapping; before that (nothing computed,
+        # or a prefill chunk in progress) it is simply un-admitted, and its computed full blocks stay
+        # in the prefix cache for its return.
+        if (self.host_pool.num_blocks and table
+                and request.num_computed_tokens >= request.num_prompt_tokens):
+            host_start = self.host_pool.allocate(len(table))
+        if host_start is not None:
+            # Freed device blocks may be reused by this very step: the runner copies them out before
+            # the step's forward writes any KV. Shared (prefix-cached) blocks just lose a reference.
+            swap_out.append(SwapOut(request.request_id, tuple(table), host_start))
+        self.kv_cache.free(request)
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        if host_start is not None:
+            request.status = RequestStatus.SWAPPED
+            request.host_run_start = host_start  # num_computed_tokens stays: its KV is on the host
+            self.num_swapped_out += 1
+        else:
+            request.status = RequestStatus.PREEMPTED
+            request.num_computed_tokens = 0
+        self.waiting.push(request)
+
+    def _swap_in(self, request: Request, swap_in: list[SwapIn]) -> bool:
+        """Reserve and allocate fresh device blocks for a swapped request and emit its SwapIn."""
+        start = request.host_run_start
+        blocks = self.kv_cache.admit_swapped(request, self.host_pool.run_length(start))
+        if blocks is None:
+            return False
+        # The host run is free for later swap-outs once this copy has been issued: the runner
+        # executes every step's copies in order.
+        swap_in.append(SwapIn(request.request_id, start, tuple(blocks)))
+        self.host_pool.free(start)
+        request.host_run_start = None
+        self.num_swapped_in += 1
+        return True
 
     @staticmethod
     def _num_known_or_pending(request: Request) -> int:
@@ -188,6 +272,9 @@ class Scheduler:
         request.num_computed_tokens = end
         if samples:
             request.num_pending_tokens += 1
+        # Full blocks with known tokens are cacheable now: a request hitting them is scheduled in this
+        # step or later, and each layer writes the step's KV before any attention reads it.
+        self.kv_cache.cache_blocks(request, known_end)
         return ScheduledRequest(
             request_id=request.request_id,
             token_ids=token_ids,
@@ -221,6 +308,7 @@ class Scheduler:
                 stop_reason=request.stop_reason,
                 num_prompt_tokens=request.num_prompt_tokens,
                 num_preemptions=request.num_preemptions,
+                num_cached_tokens=request.num_cached_tokens or 0,
             ))
         return outputs
 
@@ -238,21 +326,39 @@ class Scheduler:
         return None
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
+        if request.status == RequestStatus.SWAPPED:
+            self.host_pool.free(request.host_run_start)
+            request.host_run_start = None
         request.status = status
-        self.kv_cache.free(request.request_id)
+        self.kv_cache.free(request)
         del self.requests[request.request_id]
         if request.request_id in self._known_to_runner:
             self._known_to_runner.discard(request.request_id)
             self._finished_since_last_step.append(request.request_id)
 
     def check_invariants(self) -> None:
-        """Bookkeeping checks for tests: queues, statuses and block tables agree."""
+        """Bookkeeping checks for tests: queues, statuses, block tables, reservations, host runs."""
         self.kv_cache.check_invariants()
         assert len(self.running) <= self.config.max_num_seqs
         ids = [r.request_id for r in self.running] + [r.request_id for r in self.waiting]
         assert len(ids) == len(set(ids)) == len(self.requests), "a request is queued twice or lost"
+        keys = [r.order_key for r in self.running]
+        assert all(a < b for a, b in zip(keys, keys[1:])) and self.waiting.is_sorted(), "queue order broken"
+        block_size = self.kv_cache.block_size
         for request in self.running:
             assert request.status == RequestStatus.RUNNING
+            assert self.kv_cache.holds(request.request_id), f"{request.request_id} runs without a table"
+            table = self.kv_cache.block_ids(request.request_id)
+            assert len(table) == cdiv(request.num_computed_tokens, block_size), (
+                f"{request.request_id}: {len(table)} blocks for {request.num_computed_tokens} computed tokens")
+            # Cached (possibly shared) blocks lie wholly before the computed tokens: never written again.
+            assert self.kv_cache.num_chain_blocks(request.request_id) * block_size <= request.num_computed_tokens
+        host_runs = {}
         for request in self.waiting:
-            assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-            assert not self.kv_cache.block_ids(request.request_id), "a waiting request holds blocks"
+            assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
+            assert not self.kv_cache.holds(request.request_id), "a waiting request holds blocks or a reservation"
+            if request.status == RequestStatus.SWAPPED:
+                host_runs[request.host_run_start] = cdiv(request.num_computed_tokens, block_size)
+            else:
+                assert request.host_run_start is None
+        self.host_pool.check_invariants(host_runs)

@@ -28,6 +28,29 @@ class ScheduledRequest:
     samples: bool  # the grant reaches the end of the known tokens: sample the next one
 
 
+@dataclass(frozen=True, slots=True)
+class SwapOut:
+    """Copy a preempted request's KV blocks to host memory (done by the runner before this step's forward).
+
+    The host blocks are one contiguous run ``host_start .. host_start + len(device_block_ids)`` so that
+    the whole swap is one device-to-host copy. The device blocks are free again once the step's
+    forward runs: the runner orders the copy before any KV write of the step.
+    """
+
+    request_id: str
+    device_block_ids: tuple[int, ...]  # the victim's block table, in order
+    host_start: int  # first host block of the contiguous run
+
+
+@dataclass(frozen=True, slots=True)
+class SwapIn:
+    """Copy a swapped request's KV back from host memory into freshly allocated device blocks (before the forward)."""
+
+    request_id: str
+    host_start: int
+    device_block_ids: tuple[int, ...]  # the new block table, in order (same length as the host run)
+
+
 @dataclass(slots=True)
 class SchedulerOutput:
     scheduled: list[ScheduledRequest]
@@ -35,10 +58,19 @@ class SchedulerOutput:
     finished_request_ids: list[str]  # finished since the last step: the runner drops their state
     num_scheduled_tokens: int
     num_preempted: int = 0
+    swap_out: list[SwapOut] = field(default_factory=list)  # executed first, in order
+    swap_in: list[SwapIn] = field(default_factory=list)  # executed after swap_out, before the forward
+    num_prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache by this step's admissions
+    num_prefix_cache_hits: int = 0  # of those, tokens found cached
 
     @property
     def is_empty(self) -> bool:
+        """Nothing for the model to compute (swaps may still be pending: see ``has_swaps``)."""
         return not self.scheduled
+
+    @property
+    def has_swaps(self) -> bool:
+        return bool(self.swap_out or self.swap_in)
 
 
 @dataclass(slots=True)
@@ -70,6 +102,7 @@ class EngineCoreOutput:
     stop_reason: Optional[object] = None  # the stop token id that ended it (stop strings: set later)
     num_prompt_tokens: int = 0
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (at its first admission)
 
     @property
     def finished(self) -> bool:

@@ -68,6 +68,9 @@ class Engine:
         if not stall_timeout > 0:
             raise ValueError(f"stall_timeout must be > 0, got {stall_timeout!r}")
         self.config = EngineConfig.from_kwargs(model or DEFAULT_MODEL, **engine_kwargs)
+        if self.config.parallel.data_parallel_size > 1:
+            raise ValueError("data_parallel_size > 1 needs aioinfer.DataParallelEngine (or aioinfer.create_engine), "
+                             "which runs one Engine per replica")
         self.max_waiting_requests = max_waiting_requests
         self.max_waiting_prompt_tokens = max_waiting_prompt_tokens
         self.stream_buffer_size = stream_buffer_size
@@ -214,8 +217,9 @@ class Engine:
         sampling_params: Optional[SamplingParams] = None,
         *,
         request_id: Optional[str] = None,
-        priority: int = 0,
+        priority: int = 0,  # lower runs first (FCFS within a priority, aged: see core/request_queue.py)
         deadline: Optional[float] = None,  # anyio clock time (anyio.current_time()) after which it is aborted
+        cache_salt: Optional[str] = None,  # prefix-cache isolation: only requests with equal salts share blocks
     ) -> AsyncIterator[GenerationDelta]:
         """Validate and admit a request now; returns the async iterator of its deltas.
 
@@ -235,7 +239,8 @@ class Engine:
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         text, prompt_ids = self._inputs.tokenize(prompt)
-        request = self._inputs.make_request(request_id, prompt_ids, params, priority=priority)
+        request = self._inputs.make_request(request_id, prompt_ids, params, priority=priority,
+                                            cache_salt=cache_salt)
         self._core.scheduler.check_fits(request.num_prompt_tokens, request.max_tokens)  # immutable limits
         self._admit(len(prompt_ids))
         channel = RequestChannel.open(request_id, len(prompt_ids), self.stream_buffer_size)
@@ -352,9 +357,13 @@ class Engine:
         if not self._accepting:
             raise EngineNotReady("the engine is not running (not started yet, or shutting down)")
 
+    def has_room(self, num_prompt_tokens: int) -> bool:
+        """Whether ``generate`` would admit a prompt of this many tokens now (False: EngineOverloaded)."""
+        return (self._waiting_requests < self.max_waiting_requests
+                and self._waiting_tokens + num_prompt_tokens <= self.max_waiting_prompt_tokens)
+
     def _admit(self, num_prompt_tokens: int) -> None:
-        if (self._waiting_requests >= self.max_waiting_requests
-                or self._waiting_tokens + num_prompt_tokens > self.max_waiting_prompt_tokens):
+        if not self.has_room(num_prompt_tokens):
             self.counters["rejected_overloaded"] += 1
             for observer in self.observers:
                 _call_observer(observer.on_rejected, "overloaded")
@@ -400,7 +409,7 @@ class Engine:
             abort_cause=channel.abort_cause if status == "aborted" else None,
             num_prompt_tokens=channel.num_prompt_tokens,
             num_output_tokens=channel.num_output_tokens,
-            num_cached_tokens=0,
+            num_cached_tokens=channel.num_cached_tokens,
             queue_time=None if channel.scheduled_at is None else channel.scheduled_at - channel.arrival,
             ttft=None if channel.first_token_at is None else channel.first_token_at - channel.arrival,
             e2e_latency=now - channel.arrival,

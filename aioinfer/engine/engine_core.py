@@ -34,8 +34,15 @@ class EngineCore:
             self.loaded = loaded or load_for_engine(config)
             self.runner = ModelRunner(config, self.loaded.model, self.loaded.arch, self.loaded.device,
                                       self.loaded.dtype, self.loaded.max_model_len)
-        self.kv_cache = KVCacheManager(self.runner.num_kv_blocks, config.cache.block_size)
-        self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.loaded.max_model_len)
+        self.kv_cache = KVCacheManager(self.runner.num_kv_blocks, config.cache.block_size,
+                                       enable_prefix_caching=config.cache.enable_prefix_caching,
+                                       model_identity=config.model.model)
+        # Host blocks for swap preemption (swap_space_gib / bytes per block), sized by the runner;
+        # a runner without swap support has none, and the scheduler then always recomputes.
+        num_host_blocks = (getattr(self.runner, "num_host_blocks", 0)
+                           if config.scheduler.preemption_mode == "swap" else 0)
+        self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.loaded.max_model_len,
+                                   num_host_blocks=num_host_blocks)
         self.num_steps = 0
         # Async scheduling: launch step N+1 before waiting for step N's sampled ids, so that the host
         # work between steps overlaps the device work. The default on CUDA (H200: 0.5b batch-1 decode
@@ -61,6 +68,11 @@ class EngineCore:
         """Abort (or stop) requests; their blocks are free when this returns. Returns the ids that were open."""
         return [r.request_id for r in self.scheduler.finish_requests(request_ids, status)]
 
+    def take_swap_timings(self) -> tuple:
+        """KV swap copies whose timing completed since the last call (``SwapTiming``; empty without swapping)."""
+        take = getattr(self.runner, "take_swap_timings", None)
+        return tuple(take()) if take is not None else ()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._in_flight is not None
 
@@ -81,7 +93,9 @@ class EngineCore:
             self._in_flight = None
         if self.async_scheduling and not scheduler_output.is_empty and self._can_schedule_ahead():
             ahead = self.scheduler.schedule()
-            if not ahead.is_empty or ahead.finished_request_ids:
+            # Swaps alone must reach the runner too: the scheduler has already freed a swapped-out
+            # request's device blocks.
+            if not ahead.is_empty or ahead.finished_request_ids or ahead.has_swaps:
                 self._in_flight = (ahead, self.runner.launch(ahead))
         runner_output = self.runner.collect(launched)
         self.num_steps += 1

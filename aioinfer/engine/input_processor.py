@@ -38,9 +38,14 @@ class InputProcessor:
         return None, ids
 
     def make_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                     priority: int = 0, arrival_time: Optional[float] = None) -> Request:
+                     priority: int = 0, arrival_time: Optional[float] = None,
+                     cache_salt: Optional[str] = None) -> Request:
         if not prompt_token_ids:
             raise ValueError("the prompt must contain at least one token")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError("cache_salt must be a non-empty string")
         params.validate_for_vocab(self.vocab_size)
         num_prompt = len(prompt_token_ids)
         if params.max_tokens is None:
@@ -59,5 +64,6 @@ class InputProcessor:
             eos_token_ids=self.eos_token_ids,
             arrival_time=time.monotonic() if arrival_time is None else arrival_time,
             priority=priority,
+            cache_salt=cache_salt,
             seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -50,7 +50,14 @@ def resolve_dtype(name: str, device: torch.device, checkpoint_dtype: Optional[st
     return torch.bfloat16
 
 
-def load_for_engine(config: EngineConfig) -> LoadedModel:
+def load_for_engine(config: EngineConfig, tokenizer_loader: Optional[Callable[..., Any]] = None,
+                    tp: Any = None) -> LoadedModel:
+    """Weights, tokenizer and limits for one engine, on ``config.device``.
+
+    Call it on the thread that will run the engine: it makes the device that thread's current CUDA
+    device. ``tokenizer_loader`` (default: ``load_tokenizer``) lets data-parallel replicas share one
+    tokenizer instead of each reading it again. ``tp`` (a TPGroup): load this rank's shard.
+    """
     from aioinfer.fetch import resolve_model_name
 
     name = resolve_model_name(config.model.model)
@@ -58,11 +65,16 @@ def load_for_engine(config: EngineConfig) -> LoadedModel:
         name = str(download_from_hub(name))
     source = resolve_model_source(name)
     device = resolve_device(config.device)
+    if device.type == "cuda" and device.index is not None:
+        # The current CUDA device is per thread, and Triton launches, streams, events and graph pools
+        # made without an explicit device land on it: a replica on cuda:1 must not touch cuda:0.
+        torch.cuda.set_device(device)
     arch = load_arch_config(source)
     dtype = resolve_dtype(config.model.dtype, device, arch.dtype)
     model, arch = load_model(source, dtype=dtype, device=device, load_format=config.model.load_format,
-                             attention_backend=get_attention_backend(config.attention_backend, device), seed=config.model.seed)
-    tokenizer = load_tokenizer(source, config.model.tokenizer)
+                             attention_backend=get_attention_backend(config.attention_backend, device), seed=config.model.seed,
+                             tp=tp)
+    tokenizer = (tokenizer_loader or load_tokenizer)(source, config.model.tokenizer)
     defaults = load_generation_defaults(source)
     max_model_len = config.model.max_model_len or arch.max_position_embeddings
     if max_model_len > arch.max_position_embeddings:

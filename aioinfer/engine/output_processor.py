@@ -29,6 +29,7 @@ class _State:
     cumulative_logprob: Optional[float] = None
     finish_reason: Optional[str] = None
     stop_reason: object = None
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served (known from the first step on)
 
 
 class OutputProcessor:
@@ -59,6 +60,7 @@ class OutputProcessor:
             if state is None or state.finish_reason is not None:
                 continue  # steps already in flight after a stop string: drop their tokens
             state.token_ids.extend(out.new_token_ids)
+            state.num_cached_tokens = out.num_cached_tokens
             new_logprobs = self._logprobs(state, out.new_token_ids, out.new_logprobs)
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
             new_text = ""
@@ -85,6 +87,7 @@ class OutputProcessor:
                 stop_reason=stop_reason,
                 num_prompt_tokens=len(state.prompt_token_ids),
                 num_output_tokens=len(state.token_ids),
+                num_cached_tokens=state.num_cached_tokens,
                 prompt_token_ids=state.prompt_token_ids,
             ))
         return deltas, stopped_by_string
@@ -97,7 +100,8 @@ class OutputProcessor:
         state.finish_reason = "abort"
         return GenerationDelta(request_id=request_id, token_ids=[], text="", logprobs=None,
                                finish_reason="abort", num_prompt_tokens=len(state.prompt_token_ids),
-                               num_output_tokens=len(state.token_ids), prompt_token_ids=state.prompt_token_ids)
+                               num_output_tokens=len(state.token_ids), num_cached_tokens=state.num_cached_tokens,
+                               prompt_token_ids=state.prompt_token_ids)
 
     def completion(self, request_id: str, index: int = 0) -> CompletionOutput:
         state = self._states[request_id]
@@ -110,6 +114,9 @@ class OutputProcessor:
             finish_reason=state.finish_reason,
             stop_reason=state.stop_reason,
         )
+
+    def num_cached_tokens(self, request_id: str) -> int:
+        return self._states[request_id].num_cached_tokens
 
     def pop(self, request_id: str) -> None:
         self._states.pop(request_id, None)

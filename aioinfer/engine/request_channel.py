@@ -37,6 +37,7 @@ class RequestChannel:
     last_token_at: Optional[float] = None
     inter_token: list[float] = field(default_factory=list)
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     num_preemptions: int = 0
     abort_cause: Optional[str] = None
 
@@ -59,6 +60,7 @@ class RequestChannel:
                 self.inter_token.append(now - self.last_token_at)
             self.last_token_at = now
         self.num_output_tokens = delta.num_output_tokens
+        self.num_cached_tokens = delta.num_cached_tokens
         if self.pending is not None:
             self.pending.merge(delta)
         else:

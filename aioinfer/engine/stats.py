@@ -7,6 +7,20 @@ from typing import Optional, Protocol
 
 
 @dataclass(frozen=True, slots=True)
+class SwapTiming:
+    """One KV swap copy (host <-> device) whose timing events have completed."""
+
+    direction: str  # "out" (device -> host) | "in" (host -> device)
+    num_blocks: int  # KV blocks moved (all layers of each)
+    num_bytes: int  # bytes moved by the one copy
+    seconds: float  # the copy alone, timed on its stream (gather / scatter excluded)
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.num_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class StepStats:
     """One engine step, reported on the event loop after the step's outputs are delivered."""
 
@@ -18,6 +32,10 @@ class StepStats:
     num_generation_tokens: int  # tokens sampled in this step
     num_preempted: int  # requests preempted in this step
     step_time: float  # seconds the step took on the GPU thread
+    engine_index: int = 0  # the data-parallel replica that ran it (0 without data parallelism)
+    swaps: tuple[SwapTiming, ...] = ()  # KV swap copies whose timing completed since the last report
+    num_prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache by this step's admissions
+    num_prefix_cache_hits: int = 0  # of those, tokens served from the cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +54,7 @@ class RequestStats:
     e2e_latency: float  # seconds from arrival to the end
     inter_token_latencies: tuple[float, ...]  # seconds between consecutive token deliveries
     num_preemptions: int
+    engine_index: int = 0  # the data-parallel replica that served it (0 without data parallelism)
 
 
 class EngineObserver(Protocol):
@@ -47,3 +66,6 @@ class EngineObserver(Protocol):
 
     def on_rejected(self, reason: str) -> None:  # "overloaded" | "invalid" | "dead"
         ...
+
+    # Optional (called only where defined), by a DataParallelEngine for every request it routes:
+    # def on_routed(self, engine_index: int, by_affinity: bool) -> None: ...

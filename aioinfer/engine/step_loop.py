@@ -88,6 +88,8 @@ class StepLoop:
                 self._on_dead(exc)
             except RuntimeError:
                 pass  # the event loop is already gone
+        finally:
+            core.shutdown()  # tensor parallel: stop and join the worker processes
 
     def _loop(self, core: EngineCore) -> None:
         steps = 0
@@ -131,6 +133,9 @@ class StepLoop:
                     num_generation_tokens=len(runner_output.sampled_token_ids),
                     num_preempted=scheduler_output.num_preempted,
                     step_time=time.monotonic() - start,
+                    swaps=core.take_swap_timings(),
+                    num_prefix_cache_queries=scheduler_output.num_prefix_cache_queries,
+                    num_prefix_cache_hits=scheduler_output.num_prefix_cache_hits,
                 ),
             ))
 

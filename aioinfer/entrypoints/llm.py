@@ -28,12 +28,25 @@ class LLM:
 
         kwargs.pop("trust_remote_code", None)  # accepted for vLLM compatibility; nothing remote runs here
         self.config = EngineConfig.from_kwargs(model or DEFAULT_MODEL, **kwargs)
+        if self.config.parallel.data_parallel_size > 1:
+            raise ValueError("the offline LLM runs one replica; data parallelism is aioinfer.DataParallelEngine's")
         self.engine = EngineCore(self.config)
         loaded = self.engine.loaded
         self.tokenizer = loaded.tokenizer
         self.inputs = InputProcessor(loaded.tokenizer, loaded.arch.vocab_size, loaded.max_model_len,
                                      loaded.eos_token_ids, seed=self.config.model.seed)
         self._ids = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (a no-op otherwise). Idempotent;
+        also done when the LLM is garbage-collected, but only an explicit call is prompt."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -49,7 +62,10 @@ class LLM:
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
         use_tqdm: bool = True,
         priority: Optional[Sequence[int]] = None,
+        cache_salt: Union[str, Sequence[Optional[str]], None] = None,
     ) -> list[RequestOutput]:
+        """``priority``: one per prompt, lower runs first. ``cache_salt``: one for all prompts or one
+        per prompt; only prompts with equal salts share prefix-cache blocks (tenant isolation)."""
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
@@ -59,11 +75,19 @@ class LLM:
             params_list = list(sampling_params)
             if len(params_list) != len(prompt_list):
                 raise ValueError(f"got {len(prompt_list)} prompts but {len(params_list)} sampling params")
+        if priority is not None and len(priority) != len(prompt_list):
+            raise ValueError(f"got {len(prompt_list)} prompts but {len(priority)} priorities")
+        if cache_salt is None or isinstance(cache_salt, str):
+            salts = [cache_salt] * len(prompt_list)
+        else:
+            salts = list(cache_salt)
+            if len(salts) != len(prompt_list):
+                raise ValueError(f"got {len(prompt_list)} prompts but {len(salts)} cache salts")
         # Validate and tokenize everything before anything is queued: a bad prompt queues nothing.
         prepared = []
-        for prompt, params in zip(prompt_list, params_list):
+        for prompt, params, salt in zip(prompt_list, params_list, salts):
             text, ids = self.inputs.tokenize(prompt)
-            prepared.append((text, ids, params))
+            prepared.append((text, ids, params, salt))
         return self._run(prepared, use_tqdm, priority)
 
     def chat(
@@ -92,7 +116,7 @@ class LLM:
         core, processor = self.engine, OutputProcessor(self.tokenizer)
         groups: list[tuple[str, Optional[str], list[int], list[str]]] = []
         try:
-            for i, (text, ids, params) in enumerate(prepared):
+            for i, (text, ids, params, salt) in enumerate(prepared):
                 parent_id = str(next(self._ids))
                 child_ids = []
                 for index in range(params.n):
@@ -102,7 +126,7 @@ class LLM:
                         child_params.seed = params.seed + index  # distinct, reproducible samples
                     child_id = parent_id if params.n == 1 else f"{parent_id}-{index}"
                     request = self.inputs.make_request(child_id, ids, child_params,
-                                                       priority=priority[i] if priority else 0)
+                                                       priority=priority[i] if priority else 0, cache_salt=salt)
                     core.add_request(request)
                     processor.add_request(child_id, text, ids, child_params)
                     child_ids.append(child_id)
@@ -136,7 +160,8 @@ class LLM:
         for parent_id, text, ids, children in groups:
             outputs = [processor.completion(child, index) for index, child in enumerate(children)]
             results.append(RequestOutput(request_id=parent_id, prompt=text, prompt_token_ids=ids,
-                                         outputs=outputs, finished=True))
+                                         outputs=outputs, finished=True,
+                                         num_cached_tokens=max(processor.num_cached_tokens(c) for c in children)))
         return results
 
 

@@ -34,6 +34,10 @@ _ENGINE_HELP = {
     "max_waiting_requests": "admission bound: queued requests before 429",
     "max_waiting_prompt_tokens": "admission bound: queued prompt tokens before 429",
     "stall_timeout": "seconds a stalled streaming client is kept before its request is aborted",
+    "data_parallel_size": "whole-model replicas, one GPU (and GPU thread) each, behind one router",
+    "tensor_parallel_size": "ranks splitting each layer (one worker process per extra rank)",
+    "preemption_mode": "recompute | swap (to pinned host memory)",
+    "swap_space_gib": "pinned host memory for swapped-out KV blocks, GiB",
 }
 
 

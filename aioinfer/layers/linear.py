@@ -1,9 +1,16 @@
-"""Linear layers with shard-aware weight loading (single device: no tensor parallelism yet).
+"""Linear layers with shard-aware weight loading, replicated or split over tensor-parallel ranks.
 
 Fused projections (qkv, gate_up) keep one weight matrix so each layer runs one GEMM; the HF
 checkpoint still stores them apart, so each fused parameter carries a ``weight_loader`` that copies
 a checkpoint tensor into its slice of the output rows. The loader is a method of the owning module
 (not an attribute on the Parameter) because ``to_empty`` re-creates Parameters and drops attributes.
+
+Tensor parallelism (Megatron's split): a column-parallel layer keeps 1/tp of the output rows of
+each stacked projection (q/k/v by heads, gate and up by halves) and needs no communication; the
+row-parallel layer after it keeps 1/tp of the input columns and sums the partial products over
+the ranks (one all-reduce per attention block and one per MLP). Loaders always receive the full
+checkpoint tensor and cut this rank's part out of it. At world size 1 every layer is a plain
+``F.linear``.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from aioinfer.distributed.group import SINGLE, TPGroup
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -38,36 +47,78 @@ class Linear(nn.Module):
 
 
 class MergedLinear(Linear):
-    """Several projections of the same input stacked along the output dim (gate_up_proj)."""
+    """Column-parallel: several projections of the same input stacked along the output dim
+    (gate_up_proj); each rank holds its 1/tp of every projection, in the same stacked order."""
 
-    def __init__(self, in_features: int, output_sizes: Sequence[int], bias: bool = False) -> None:
-        super().__init__(in_features, sum(output_sizes), bias)
-        self.output_sizes = list(output_sizes)
+    def __init__(self, in_features: int, output_sizes: Sequence[int], bias: bool = False,
+                 tp: TPGroup = SINGLE, names: Optional[Sequence[str]] = None) -> None:
+        self.tp = tp
+        names = names or [f"output {i}" for i in range(len(output_sizes))]
+        self.output_sizes = [tp.shard(size, name) for size, name in zip(output_sizes, names)]  # this rank's
+        super().__init__(in_features, sum(self.output_sizes), bias)
 
     def _shard_range(self, shard_id: int) -> tuple[int, int]:
         start = sum(self.output_sizes[:shard_id])
         return start, self.output_sizes[shard_id]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[int] = None) -> None:
+        # loaded: one full (unsharded) checkpoint projection, [out_i, in] or [out_i] for a bias.
         if shard_id is None:
-            default_weight_loader(param, loaded)
-            return
+            if not self.tp.is_parallel:
+                default_weight_loader(param, loaded)
+                return
+            if len(self.output_sizes) != 1:
+                raise ValueError("a pre-fused checkpoint tensor cannot be split over tensor-parallel ranks")
+            shard_id = 0
         start, size = self._shard_range(shard_id)
         target = param.data.narrow(0, start, size)
-        if target.shape != loaded.shape:
-            raise ValueError(f"shard {shard_id}: expected {tuple(target.shape)}, got {tuple(loaded.shape)}")
-        target.copy_(loaded)
+        if loaded.shape[0] != size * self.tp.world_size or target.shape[1:] != loaded.shape[1:]:
+            raise ValueError(f"shard {shard_id}: expected {(size * self.tp.world_size,) + tuple(target.shape[1:])}, "
+                             f"got {tuple(loaded.shape)}")
+        target.copy_(loaded.narrow(0, self.tp.rank * size, size))
 
 
 class QKVLinear(MergedLinear):
-    """q, k and v projections in one matrix: rows [q (Hq*D) | k (Hkv*D) | v (Hkv*D)]."""
+    """q, k and v projections in one matrix: rows [q (Hq*D) | k (Hkv*D) | v (Hkv*D)], each rank
+    holding Hq/tp query heads and Hkv/tp KV heads (whole heads, so attention needs no communication)."""
 
     _SHARDS = {"q": 0, "k": 1, "v": 2}
 
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool) -> None:
-        self.q_size = num_heads * head_dim
-        self.kv_size = num_kv_heads * head_dim
-        super().__init__(hidden_size, [self.q_size, self.kv_size, self.kv_size], bias)
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool,
+                 tp: TPGroup = SINGLE) -> None:
+        self.num_heads = tp.shard(num_heads, "num_attention_heads")  # this rank's
+        self.num_kv_heads = tp.shard(num_kv_heads, "num_key_value_heads")
+        self.q_size = self.num_heads * head_dim
+        self.kv_size = self.num_kv_heads * head_dim
+        super().__init__(hidden_size, [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim],
+                         bias, tp)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:  # type: ignore[override]
         super().weight_loader(param, loaded, self._SHARDS[shard_id] if isinstance(shard_id, str) else shard_id)
+
+
+class RowParallelLinear(Linear):
+    """``y = sum over ranks of x_r W_r^T (+ b)``: each rank holds 1/tp of the input columns (o_proj,
+    down_proj), takes its slice of the activations from the column-parallel layer before, and the
+    partial outputs are all-reduced. The bias is whole on every rank and added once (by rank 0,
+    inside its GEMM, before the sum)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, tp: TPGroup = SINGLE,
+                 name: str = "in_features") -> None:
+        self.tp = tp
+        super().__init__(tp.shard(in_features, name), out_features, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[int] = None) -> None:
+        if param.dim() == 1:  # the bias: not split
+            default_weight_loader(param, loaded)
+            return
+        size = self.in_features
+        if loaded.shape != (param.shape[0], size * self.tp.world_size):
+            raise ValueError(f"expected {(param.shape[0], size * self.tp.world_size)}, got {tuple(loaded.shape)}")
+        param.data.copy_(loaded.narrow(1, self.tp.rank * size, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # [T, in/tp] -> [T, out]
+        if not self.tp.is_parallel:
+            return F.linear(x, self.weight, self.bias)
+        return self.tp.all_reduce(F.linear(x, self.weight, self.bias if self.tp.rank == 0 else None))

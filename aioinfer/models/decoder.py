@@ -3,6 +3,10 @@
 Module and parameter names follow HF (``model.layers.N.self_attn.o_proj.weight``...) except the
 fused ``qkv_proj`` and ``gate_up_proj``, which ``load_weights`` fills from HF's separate tensors.
 Everything runs on a flat batch: ``forward(input_ids [T], positions [T]) -> hidden [T, H]``.
+
+With a tensor-parallel group (``tp``) each rank builds the same module tree with its share of the
+heads, MLP width and vocabulary (layers/linear.py, layers/embedding.py); ``load_weights`` still
+receives whole checkpoint tensors and the layers' loaders cut out this rank's part.
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ import torch
 from torch import nn
 
 from aioinfer.attention.backend import AttentionBackend, get_attention_backend
+from aioinfer.distributed.group import SINGLE, TPGroup
 from aioinfer.layers.activation import get_act_and_mul
 from aioinfer.layers.attention import Attention
 from aioinfer.layers.embedding import LMHead, VocabEmbedding
-from aioinfer.layers.linear import Linear, MergedLinear, QKVLinear, default_weight_loader
+from aioinfer.layers.linear import MergedLinear, QKVLinear, RowParallelLinear, default_weight_loader
 from aioinfer.layers.norm import RMSNorm
 from aioinfer.layers.rotary import RotaryEmbedding, apply_rotary_qk
 from aioinfer.models.arch_config import ArchConfig
@@ -31,17 +36,31 @@ _STACKED = (
 )
 
 
+def unfuse(cfg: ArchConfig, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """A whole (unsharded) fused tensor as the HF-named pieces ``load_weights`` takes (views)."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    if ".qkv_proj." in name:
+        pieces = zip(("q_proj", "k_proj", "v_proj"), tensor.split([q, kv, kv]))
+        return [(name.replace(".qkv_proj.", f".{piece}."), t) for piece, t in pieces]
+    if ".gate_up_proj." in name:
+        pieces = zip(("gate_proj", "up_proj"), tensor.chunk(2))
+        return [(name.replace(".gate_up_proj.", f".{piece}."), t) for piece, t in pieces]
+    return [(name, tensor)]
+
+
 class DecoderAttention(nn.Module):
-    def __init__(self, cfg: ArchConfig, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ArchConfig, backend: AttentionBackend, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = QKVLinear(cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.qkv_bias)
-        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv_proj = QKVLinear(cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.qkv_bias, tp)
+        # This rank's heads (all of them at world size 1).
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias, tp=tp,
+                                        name="num_attention_heads * head_dim")
         self.q_norm: Optional[RMSNorm] = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm: Optional[RMSNorm] = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5, backend)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5, backend)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # hidden [T, H] -> [T, H]
@@ -58,10 +77,12 @@ class DecoderAttention(nn.Module):
 
 
 class DecoderMLP(nn.Module):
-    def __init__(self, cfg: ArchConfig) -> None:
+    def __init__(self, cfg: ArchConfig, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.gate_up_proj = MergedLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias=cfg.mlp_bias)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = MergedLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias=cfg.mlp_bias, tp=tp,
+                                         names=["intermediate_size"] * 2)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias, tp=tp,
+                                           name="intermediate_size")
         self.act_fn = get_act_and_mul(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,10 +90,10 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ArchConfig, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ArchConfig, backend: AttentionBackend, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.self_attn = DecoderAttention(cfg, backend)
-        self.mlp = DecoderMLP(cfg)
+        self.self_attn = DecoderAttention(cfg, backend, tp)
+        self.mlp = DecoderMLP(cfg, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -91,10 +112,10 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ArchConfig, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ArchConfig, backend: AttentionBackend, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, backend, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope, cfg.max_position_embeddings)
 
@@ -111,12 +132,14 @@ class DecoderModel(nn.Module):
 class DecoderForCausalLM(nn.Module):
     """Causal LM over a flat batch; subclasses only pin the architecture name."""
 
-    def __init__(self, cfg: ArchConfig, attention_backend: Optional[AttentionBackend] = None) -> None:
+    def __init__(self, cfg: ArchConfig, attention_backend: Optional[AttentionBackend] = None,
+                 tp: Optional[TPGroup] = None) -> None:
         super().__init__()
         self.config = cfg
+        self.tp = tp or SINGLE
         backend = attention_backend if attention_backend is not None else get_attention_backend("torch")
-        self.model = DecoderModel(cfg, backend)
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size)
+        self.model = DecoderModel(cfg, backend, self.tp)
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, self.tp)
         self.tie_weights()
 
     # Shape facts the runner needs to size the KV cache.
@@ -126,7 +149,8 @@ class DecoderForCausalLM(nn.Module):
 
     @property
     def num_kv_heads(self) -> int:
-        return self.config.num_kv_heads
+        """KV heads on this rank: its KV cache holds only these."""
+        return self.model.layers[0].self_attn.num_kv_heads
 
     @property
     def head_dim(self) -> int:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from aioinfer.attention.backend import AttentionBackend
+from aioinfer.distributed.group import TPGroup
 from aioinfer.models.arch_config import ArchConfig
 from aioinfer.models.decoder import DecoderForCausalLM
 from aioinfer.models.registry import get_model_class
@@ -87,10 +88,11 @@ def load_generation_defaults(source: ModelSource) -> dict[str, Any]:
     return out
 
 
-def _build_empty(cfg: ArchConfig, dtype: torch.dtype, device: torch.device, backend) -> DecoderForCausalLM:
+def _build_empty(cfg: ArchConfig, dtype: torch.dtype, device: torch.device, backend,
+                 tp: Optional[TPGroup]) -> DecoderForCausalLM:
     cls = get_model_class(cfg.architecture)
     with torch.device("meta"):
-        model = cls(cfg, backend)
+        model = cls(cfg, backend, tp)
     model = model.to(dtype=dtype)  # free on meta: only metadata changes
     model.to_empty(device=device)
     model.tie_weights()  # to_empty re-creates parameters, which unties them
@@ -106,11 +108,13 @@ def load_model(
     load_format: str = "auto",
     attention_backend: Optional[AttentionBackend] = None,
     seed: int = 0,
+    tp: Optional[TPGroup] = None,
 ) -> tuple[DecoderForCausalLM, ArchConfig]:
     """Build the model for ``source`` in ``dtype`` on ``device`` and fill its weights.
 
     load_format: "auto" (by source kind), "safetensors", "gguf", or "dummy" (random weights from
-    the config alone, deterministic by ``seed``).
+    the config alone, deterministic by ``seed``). With a tensor-parallel group ``tp`` the model
+    holds this rank's shard of every split layer.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
@@ -132,7 +136,7 @@ def load_model(
     else:
         cfg = load_arch_config(source)
 
-    model = _build_empty(cfg, dtype, device, attention_backend)
+    model = _build_empty(cfg, dtype, device, attention_backend, tp)
     if fmt == "dummy":
         from aioinfer.models.weight_utils import init_dummy_weights
 

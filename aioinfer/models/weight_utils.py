@@ -45,16 +45,26 @@ def init_dummy_weights(model: nn.Module, seed: int, std: float = 0.02) -> None:
     """Deterministic random weights for benchmarks: N(0, std) matrices, unit norms, zero biases.
 
     ``std`` 0.02 (HF's usual initializer_range) keeps activations and logits finite in bf16.
+    Values are drawn for the *whole* (unsharded) parameters, in order, and then go through the
+    checkpoint loaders like real weights, so every tensor-parallel size gets the same model.
     """
-    generator = None
-    for name, param in model.named_parameters():  # tied params appear once
-        if generator is None:
-            generator = torch.Generator(device=param.device).manual_seed(seed)
-        if name.endswith("norm.weight"):
-            param.fill_(1.0)
-        elif name.endswith(".bias"):
-            param.zero_()
-        else:
-            tmp = torch.empty(param.shape, dtype=torch.float32, device=param.device)
-            tmp.normal_(0.0, std, generator=generator)
-            param.copy_(tmp)
+    from aioinfer.models.decoder import unfuse
+
+    cfg = model.config
+    with torch.device("meta"):
+        whole = type(model)(cfg)  # shapes only: the unsharded model costs no memory on meta
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in whole.named_parameters():  # tied params appear once
+            if name.endswith("norm.weight"):
+                tensor = torch.ones(param.shape, device=device)
+            elif name.endswith(".bias"):
+                tensor = torch.zeros(param.shape, device=device)
+            else:
+                tensor = torch.empty(param.shape, dtype=torch.float32, device=device)
+                tensor.normal_(0.0, std, generator=generator)
+            yield from unfuse(cfg, name, tensor)
+
+    model.load_weights(tensors())

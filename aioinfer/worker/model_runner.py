@@ -22,6 +22,7 @@ from aioinfer.worker.input_buffers import InputBuffers
 from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches, choose_num_blocks
 from aioinfer.worker.sampler import Sampler, SamplerOutput
 from aioinfer.worker.sampling_metadata import SamplingMetadata, SamplingRow
+from aioinfer.worker.swap import KVSwapper, num_host_blocks_for
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,10 @@ class ModelRunner:
         self.kv_caches = allocate_kv_caches(self.spec, self.num_kv_blocks, device)
         for layer, cache in zip(model.attention_layers(), self.kv_caches):
             layer.kv_cache = cache
+        # Swap preemption: the host pool the scheduler hands out runs of (0 blocks: recompute only).
+        self.num_host_blocks = num_host_blocks_for(config, self.spec)
+        self.swapper = (KVSwapper(self.kv_caches, self.spec, self.num_host_blocks, device)
+                        if self.num_host_blocks else None)
         max_blocks_per_seq = cdiv(max_model_len, self.block_size)
         self.inputs = InputBuffers(config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs,
                                    max_blocks_per_seq, self.block_size, device)
@@ -112,6 +117,7 @@ class ModelRunner:
                 eos_token_ids=new.eos_token_ids,
                 output_token_ids=[],
             )
+        self._run_swaps(scheduler_output)
         if scheduler_output.is_empty:
             return _Launched(None, None, [], [])
 
@@ -161,6 +167,20 @@ class ModelRunner:
             sampled_token_ids=token_ids,
             logprobs=_logprob_rows(launched.result, launched.states),
         )
+
+    def _run_swaps(self, scheduler_output: SchedulerOutput) -> None:
+        """Enqueue the step's KV swaps ahead of its forward (they may come with nothing to compute)."""
+        if self.swapper is None:
+            if scheduler_output.has_swaps:
+                raise RuntimeError("the scheduler asked for KV swaps but the runner has no host pool")
+            return
+        self.swapper.poll()  # timings of copies that finished meanwhile; never waits
+        if scheduler_output.has_swaps:
+            self.swapper.swap(scheduler_output.swap_out, scheduler_output.swap_in)
+
+    def take_swap_timings(self) -> list:
+        """KV swap copies timed since the last call (``SwapTiming`` records; empty without a host pool)."""
+        return self.swapper.take_timings() if self.swapper is not None else []
 
     def _fill_placeholders(self, scheduler_output: SchedulerOutput, inputs) -> None:
         """Decode rows whose input is the token the previous launch sampled: copy it on the device."""

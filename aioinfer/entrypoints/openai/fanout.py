@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence, Union
+from typing import AsyncIterator, Optional, Sequence, Union
 
 from aioinfer.engine.delta import GenerationDelta
 from aioinfer.sampling_params import SamplingParams
@@ -43,13 +43,16 @@ class ChoiceStreams:
         self._finalizer = weakref.finalize(self, _abort_soon, engine, tuple(self.request_ids))
 
     @classmethod
-    def admit(cls, engine, specs: Sequence[ChoiceSpec], base_id: str, priority: int) -> "ChoiceStreams":
+    def admit(cls, engine, specs: Sequence[ChoiceSpec], base_id: str, priority: int,
+              cache_salt: Optional[str] = None) -> "ChoiceStreams":
         """Call ``engine.generate`` for every choice; on any error abort the ones already admitted."""
         started = []
+        # Only when given: an engine front end that predates the option still serves unsalted requests.
+        extra = {} if cache_salt is None else {"cache_salt": cache_salt}
         try:
             for spec in specs:
                 rid = base_id if len(specs) == 1 else f"{base_id}-{spec.index}"
-                stream = engine.generate(spec.prompt, spec.params, request_id=rid, priority=priority)
+                stream = engine.generate(spec.prompt, spec.params, request_id=rid, priority=priority, **extra)
                 started.append((spec, rid, stream))
         except BaseException:
             _abort_soon(engine, tuple(rid for _, rid, _ in started))

@@ -49,6 +49,7 @@ class _SamplingFields(_Strict):
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None  # accepted and ignored (OpenAI's abuse-monitoring id)
     priority: int = 0  # vLLM: lower runs first under priority scheduling
+    cache_salt: Optional[str] = Field(default=None, min_length=1)  # vLLM: prefix-cache isolation per tenant
 
     @field_validator("stop")
     @classmethod

@@ -148,8 +148,13 @@ class _Observers:
         for target in self.targets:
             target.on_rejected(reason)
 
+    def on_routed(self, engine_index: int, by_affinity: bool) -> None:  # data-parallel engines only
+        for target in self.targets:
+            if hasattr(target, "on_routed"):
+                target.on_routed(engine_index, by_affinity)
+
 
 def _default_engine_factory(**kwargs):
-    from aioinfer.engine.async_engine import Engine
+    from aioinfer.engine.data_parallel import create_engine
 
-    return Engine(**kwargs)
+    return create_engine(**kwargs)  # an Engine, or a DataParallelEngine with data_parallel_size > 1

@@ -1,0 +1,224 @@
+"""Rank 0 of a tensor-parallel engine: the ModelRunner interface over this process's shard, with
+every step first broadcast to the worker processes.
+
+EngineCore picks this runner instead of ModelRunner when tensor_parallel_size > 1; the scheduler
+and everything above it never know. Start-up, in order: resolve the model to a local path every
+rank can open; check the split (before any process starts); spawn ranks 1..N-1; join the
+rendezvous (tcp://127.0.0.1:<free port>); broadcast the config; load this rank's shard and agree
+on the KV block count. Each step: check the workers are alive, broadcast the SchedulerOutput over
+the control group, then run it here; every rank samples the same tokens (the logits are gathered
+whole on every rank and the sampling noise is counter-based), and only rank 0's are used.
+
+Ranks on other machines: set AIOINFER_TP_INIT_METHOD (e.g. ``env://`` with MASTER_ADDR and
+MASTER_PORT) and rank 0 spawns nothing; it waits for ranks 1..N-1 started with
+``python -m aioinfer.distributed.worker`` (docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from aioinfer.config import EngineConfig
+from aioinfer.distributed.group import DEVICE_TIMEOUT_S, TPGroup, destroy_tp_group, init_tp_group
+from aioinfer.distributed.processes import WorkerProcesses
+from aioinfer.distributed.rank_setup import build_rank_runner, check_shardable, rank_config
+from aioinfer.errors import TensorParallelError, WorkerProcessError
+
+logger = logging.getLogger(__name__)
+
+_LIVENESS_PERIOD_S = 1.0  # while waiting for a step on CUDA, how often to look at the workers
+_DEATH_GRACE_S = 5.0  # after a collective broke, how long a dying worker may take to be seen dead
+
+
+@dataclass(slots=True)
+class _Resources:
+    """What must be released even if the runner is dropped without ``shutdown`` (weakref.finalize)."""
+
+    workers: Optional[WorkerProcesses] = None
+    group: bool = False  # this process joined a tensor-parallel group
+    stopping: bool = False  # the stop sentinel went out: the workers are exiting by themselves
+
+
+@dataclass(slots=True)
+class _Launched:
+    inner: Any  # the local ModelRunner's launched step
+    done: Optional[torch.cuda.Event]  # recorded after the step's device work; None on CPU
+
+
+class TensorParallelRunner:
+    """``launch`` / ``collect`` / ``execute`` like ModelRunner; ``shutdown`` stops the workers."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        from aioinfer.engine.model_setup import resolve_device
+        from aioinfer.models.loader import load_arch_config, resolve_model_source
+
+        size = config.parallel.tensor_parallel_size
+        config = _with_local_model(config)
+        check_shardable(load_arch_config(resolve_model_source(config.model.model)), size)
+        external = os.environ.get("AIOINFER_TP_INIT_METHOD")
+        # External ranks pick their own devices (LOCAL_RANK); only rank 0's is chosen here.
+        devices = _rank_devices(resolve_device(config.device), size if external is None else 1)
+        self._resources = _Resources()
+        self._closer = weakref.finalize(self, _release, self._resources)
+        self._cuda = devices[0].startswith("cuda")
+        try:
+            if external is None:
+                init_method = f"tcp://127.0.0.1:{_free_port()}"
+                self._resources.workers = WorkerProcesses()  # registered first: a failed start still stops them
+                self._resources.workers.start(size, init_method, devices)
+                self._resources.workers.wait_started(DEVICE_TIMEOUT_S)
+            else:
+                init_method = external
+                logger.info("tensor parallel: waiting for %d worker ranks at %s", size - 1, init_method)
+            self.group: TPGroup = init_tp_group(0, size, init_method, torch.device(devices[0]))
+            self._resources.group = True
+            self.group.broadcast_object(config)
+            self.loaded, self.runner = build_rank_runner(rank_config(config, devices[0]), self.group)
+        except BaseException as exc:
+            failure = self._failure(wait_s=_grace(exc))
+            self._closer()
+            if failure is not None:
+                raise WorkerProcessError(failure) from exc
+            raise
+        logger.info("tensor parallel: %d ranks on %s; worker pids %s", size, devices,
+                    self.worker_pids if external is None else "external")
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.runner.num_kv_blocks
+
+    @property
+    def graphs(self):
+        return self.runner.graphs
+
+    @property
+    def worker_pids(self) -> list[int]:
+        workers = self._resources.workers
+        return workers.pids if workers is not None else []
+
+    def execute(self, scheduler_output) -> Any:
+        return self.collect(self.launch(scheduler_output))
+
+    def launch(self, scheduler_output) -> _Launched:
+        self._check_workers()
+        try:
+            self.group.broadcast_object(scheduler_output)
+            inner = self.runner.launch(scheduler_output)
+        except Exception as exc:
+            self._raise_worker_failure(exc)
+            raise
+        done = None
+        if self._cuda:
+            done = torch.cuda.Event()
+            done.record()
+        return _Launched(inner, done)
+
+    def collect(self, launched: _Launched) -> Any:
+        if launched.done is not None:
+            self._wait(launched.done)
+        try:
+            return self.runner.collect(launched.inner)
+        except Exception as exc:
+            self._raise_worker_failure(exc)
+            raise
+
+    def shutdown(self) -> None:
+        """Send the stop sentinel, join the workers, leave the group. Idempotent."""
+        if not self._closer.alive:
+            return
+        workers = self._resources.workers
+        if self._resources.group and (workers is None or workers.failure() is None):
+            try:
+                self.group.broadcast_object(None)
+                self._resources.stopping = True
+            except Exception:  # noqa: BLE001 - a worker died meanwhile; stopping goes on
+                logger.warning("could not send the stop sentinel to the tensor-parallel workers")
+        if getattr(self, "runner", None) is not None:
+            # Captured graphs hold NCCL kernels: let them go before the communicator does (no device
+            # sync: after a worker died mid-step, this rank's last all-reduce never completes).
+            self.runner.graphs = None
+        self._closer()
+
+    def _wait(self, event: torch.cuda.Event) -> None:
+        # Poll rather than block: if a worker died mid-step, this rank's NCCL kernels would wait for
+        # it forever, and so would a blocking synchronize.
+        next_check = time.monotonic() + _LIVENESS_PERIOD_S
+        while not event.query():
+            if time.monotonic() > next_check:
+                self._check_workers()
+                next_check = time.monotonic() + _LIVENESS_PERIOD_S
+            time.sleep(0)  # yield the GIL to the event loop's thread
+
+    def _check_workers(self) -> None:
+        if self._resources.workers is not None:
+            self._resources.workers.check()
+
+    def _failure(self, wait_s: float = 0.0) -> Optional[str]:
+        workers = self._resources.workers
+        return workers.failure(wait_s) if workers is not None else None
+
+    def _raise_worker_failure(self, exc: BaseException) -> None:
+        """A collective failed: if a worker is behind it, say which one and why."""
+        failure = self._failure(wait_s=_grace(exc))
+        if failure is not None:
+            raise WorkerProcessError(failure) from exc
+
+
+def _grace(exc: BaseException) -> float:
+    """Seconds to wait for a worker's death to show: only a broken collective hints at one."""
+    import torch.distributed as dist
+
+    return _DEATH_GRACE_S if isinstance(exc, dist.DistError) else 0.0
+
+
+def _release(resources: _Resources) -> None:
+    # Workers first: after the stop sentinel they exit by themselves (join); without it (a failure,
+    # or the runner dropped unclosed) they are still waiting in a collective, so terminate them.
+    # Then this rank's group, whose peers are gone, so its teardown waits for nobody.
+    if resources.workers is not None:
+        resources.workers.stop(timeout_s=30.0 if resources.stopping else 0.0)
+        resources.workers = None
+    if resources.group:
+        resources.group = False
+        try:
+            destroy_tp_group()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            logger.exception("could not destroy the tensor-parallel process group")
+
+
+def _with_local_model(config: EngineConfig) -> EngineConfig:
+    """The config with ``model`` resolved to a local path (default-model alias, hub download): done
+    once here, so that the workers never download anything themselves."""
+    from aioinfer.fetch import resolve_model_name
+    from aioinfer.models.hub import download_from_hub, looks_like_hub_id
+
+    name = resolve_model_name(config.model.model)
+    if looks_like_hub_id(name):
+        name = str(download_from_hub(name))
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, model=name))
+
+
+def _rank_devices(device: torch.device, size: int) -> list[str]:
+    """Rank r's device: consecutive CUDA devices from the configured one, or the CPU for all."""
+    if device.type != "cuda":
+        return ["cpu"] * size
+    first = device.index if device.index is not None else torch.cuda.current_device()
+    if first + size > torch.cuda.device_count():
+        raise TensorParallelError(f"tensor_parallel_size {size} from cuda:{first} needs {first + size} CUDA "
+                                  f"devices, this machine has {torch.cuda.device_count()}")
+    return [f"cuda:{first + r}" for r in range(size)]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -10,6 +10,7 @@ import pytest
 
 from aioinfer import LLM, Engine, SamplingParams
 from aioinfer.errors import EngineDeadError, EngineNotReady, EngineOverloaded, RequestDeadlineExceeded, SlowConsumerError
+from engine_streams import collect
 from tiny_models import make_tiny_model_dir
 
 PROMPTS = [[5, 9, 13, 200, 7], [42] * 3, list(range(30, 70)), [311, 17], "Hello world", "今天天气很好 🎉"]
@@ -33,15 +34,6 @@ def offline(model_dir):
     llm = LLM(model=model_dir, **OPTIONS)
     return {name: [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
             for name, params in (("greedy", GREEDY), ("seeded", SEEDED))}
-
-
-async def collect(stream):
-    tokens, text, last = [], "", None
-    async for delta in stream:
-        tokens += delta.token_ids
-        text += delta.text
-        last = delta
-    return tokens, text, last
 
 
 async def wait_until_idle(engine: Engine) -> None:

@@ -18,6 +18,7 @@ from aioinfer.engine.dp_router import Router
 from aioinfer.errors import EngineDeadError, EngineNotReady
 from aioinfer.server_config import ServerConfig
 from server_process import metric, metric_samples, run_server
+from engine_streams import collect
 from tiny_models import make_tiny_model_dir
 
 OPTIONS = dict(dtype="float32", device="cpu", max_num_batched_tokens=64, block_size=4)
@@ -62,15 +63,6 @@ class Served:
 
     def on_routed(self, engine_index, by_affinity) -> None:
         self.routed.append((engine_index, by_affinity))
-
-
-async def collect(stream):
-    tokens, text, last = [], "", None
-    async for delta in stream:
-        tokens += delta.token_ids
-        text += delta.text
-        last = delta
-    return tokens, text, last
 
 
 def idle(replica) -> bool:

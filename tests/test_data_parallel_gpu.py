@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import random
 
-import anyio
 import pytest
 import torch
 
 from aioinfer import LLM, DataParallelEngine, SamplingParams
+from engine_streams import generate_all
 from tiny_models import make_tiny_model_dir
 
 pytestmark = pytest.mark.gpu
@@ -33,23 +33,13 @@ async def test_two_replicas_on_two_gpus_equal_the_offline_llm(tmp_path):
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     expected = [o.outputs[0].token_ids
                 for o in LLM(model=path, device="cuda:0", **OPTIONS).generate(prompts, params, use_tqdm=False)]
-    results = {}
     async with DataParallelEngine(path, data_parallel_size=2, device="cuda", **OPTIONS) as engine:
         first, second = engine.replicas
         assert [r.config.device for r in engine.replicas] == ["cuda:0", "cuda:1"]
         assert first._core.runner.graphs is not None and second._core.runner.graphs is not None
         assert {p.device for p in second._core.loaded.model.parameters()} == {torch.device("cuda:1")}
         assert all(k.device == torch.device("cuda:1") for k, _ in second._core.runner.kv_caches)
-
-        async def run(i):
-            tokens = []
-            async for delta in engine.generate(prompts[i], params):
-                tokens += delta.token_ids
-            results[i] = tokens
-
-        async with anyio.create_task_group() as tg:
-            for i in range(len(prompts)):
-                tg.start_soon(run, i)
+        results = await generate_all(engine, prompts, params)
         routed = [s["routed"] for s in engine.stats()["replicas"]]
-    assert [results[i] for i in range(len(prompts))] == expected
+    assert results == expected
     assert min(routed) > 0, routed

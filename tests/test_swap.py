@@ -25,6 +25,7 @@ from aioinfer.config import EngineConfig
 from aioinfer.core.scheduler_output import SchedulerOutput, SwapIn, SwapOut
 from aioinfer.worker.kv_cache import KVCacheSpec
 from aioinfer.worker.swap import num_host_blocks_for
+from engine_streams import generate_all
 from tiny_models import make_tiny_model_dir
 
 BLOCK_SIZE = 4
@@ -302,30 +303,18 @@ def anyio_backend():
 @pytest.mark.anyio
 async def test_async_engine_reports_swaps_to_prometheus(greedy_reference):
     """Through the GPU thread and the step loop: StepStats carry the swap timings to the histograms."""
-    import anyio
-
     from aioinfer import Engine
     from aioinfer.metrics import PrometheusMetrics
 
     path, prompts, expected = greedy_reference
     metrics = PrometheusMetrics("m")
     params = SamplingParams(temperature=0.0, max_tokens=E2E_MAX_TOKENS)
-    results: dict[int, list[int]] = {}
     async with Engine(str(path), dtype="float32", device="cpu", block_size=8, num_kv_blocks=15,
                       max_num_batched_tokens=48, preemption_mode="swap", swap_space_gib=_gib_for(path, 64, 8),
                       observers=[metrics]) as engine:
-
-        async def run(i: int) -> None:
-            tokens = []
-            async for delta in engine.generate(prompts[i], params):
-                tokens += delta.token_ids
-            results[i] = tokens
-
-        async with anyio.create_task_group() as tg:
-            for i in range(len(prompts)):
-                tg.start_soon(run, i)
+        results = await generate_all(engine, prompts, params)
         totals = engine._core.runner.swapper.totals
-    assert [results[i] for i in range(len(prompts))] == expected
+    assert results == expected
     assert totals["out"][0] > 0
 
     def count(direction: str) -> float:

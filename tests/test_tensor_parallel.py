@@ -19,13 +19,13 @@ import signal
 import socket
 import time
 
-import anyio
 import pytest
 import torch
 import torch.nn.functional as F
 
 from aioinfer import LLM, Engine, SamplingParams
 from aioinfer.errors import TensorParallelError, WorkerProcessError
+from engine_streams import generate_all
 from tiny_models import make_tiny_model_dir
 
 MAX_TOKENS = 10
@@ -179,21 +179,11 @@ def test_dummy_weights_are_the_same_model_at_every_tp_size(tmp_path_factory):
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_async_engine_tp2(tiny, anyio_backend):
     path, prompts, expected = tiny
-    results = {}
     async with Engine(str(path), **OPTIONS, tensor_parallel_size=2, async_scheduling=True) as engine:
         pids = engine._core.runner.worker_pids
         assert not engine._core.async_scheduling  # turned off under tensor parallelism
-
-        async def run(i):
-            tokens = []
-            async for delta in engine.generate(prompts[i], GREEDY):
-                tokens += delta.token_ids
-            results[i] = tokens
-
-        async with anyio.create_task_group() as tg:
-            for i in range(len(prompts)):
-                tg.start_soon(run, i)
-    assert [results[i] for i in range(len(prompts))] == expected
+        results = await generate_all(engine, prompts, GREEDY)
+    assert results == expected
     assert not any(_alive(pid) for pid in pids)
 
 

@@ -84,6 +84,10 @@ class EngineConfig:
     attention_backend: str = "auto"
     enforce_eager: bool = False  # True: no CUDA graphs
     max_cuda_graph_batch_size: int = 256  # decode batches up to this size replay captured graphs
+    # Prefill and mixed steps of up to this many tokens replay captured graphs too (0: eager). Such a
+    # step (a prompt's tail after a prefix-cache hit, a short prompt beside decode rows) is a few
+    # dozen tokens through every layer: eager, its launches take longer than its kernels.
+    max_cuda_graph_prefill_tokens: int = 256
     async_scheduling: Optional[bool] = None  # schedule step N+1 before step N's ids are back (None: on CUDA)
 
     def __post_init__(self) -> None:
@@ -92,6 +96,9 @@ class EngineConfig:
                self.max_cuda_graph_batch_size, "must be a positive integer")
         _check(self.async_scheduling in (None, True, False), "async_scheduling", self.async_scheduling,
                "must be a bool or None")
+        _check(isinstance(self.max_cuda_graph_prefill_tokens, int) and not isinstance(
+            self.max_cuda_graph_prefill_tokens, bool) and self.max_cuda_graph_prefill_tokens >= 0,
+            "max_cuda_graph_prefill_tokens", self.max_cuda_graph_prefill_tokens, "must be an integer >= 0")
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineConfig":
@@ -102,7 +109,7 @@ class EngineConfig:
             sections[section_cls] = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         top = {k: kwargs.pop(k) for k in list(kwargs)
                if k in ("device", "attention_backend", "enforce_eager", "max_cuda_graph_batch_size",
-                        "async_scheduling")}
+                        "max_cuda_graph_prefill_tokens", "async_scheduling")}
         if kwargs:
             raise TypeError(f"unknown engine options: {sorted(kwargs)}")
         return cls(

@@ -14,6 +14,7 @@ import platform
 import random
 import subprocess
 import sys
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -289,6 +290,32 @@ def run_child(args: list[str], timeout_s: float) -> dict[str, Any]:
 def write_child_result(path: Optional[str], result: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(result))
+
+
+def fresh_cache_salt() -> str:
+    """A prefix-cache salt no earlier request used: passed with every timed batch, so that prompts a
+    benchmark runs again (warm-up, repeats, the peers' subset) are computed, not served from the cache."""
+    return uuid.uuid4().hex
+
+
+def add_engine_options(parser: Any) -> None:
+    """``--engine-option KEY=VALUE`` (repeatable): any other ``LLM`` option, the value read as JSON
+    when it parses (``max_cuda_graph_prefill_tokens=0``, ``enable_prefix_caching=false``), else a string."""
+    parser.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra LLM(...) option for aioinfer (repeatable)")
+
+
+def engine_options(args: Any) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in getattr(args, "engine_option", None) or ():
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--engine-option wants KEY=VALUE, got {item!r}")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
 
 
 def make_llm(folder: Path | str, device: str, enforce_eager: Optional[bool], attention_backend: Optional[str],

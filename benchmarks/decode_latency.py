@@ -19,8 +19,9 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks.common import (SHAPES, ceilings, decode_step_floor_s, dump, environment, format_table, make_llm,
-                               workload2, write_dummy_model)
+from benchmarks.common import (SHAPES, add_engine_options, ceilings, decode_step_floor_s, dump, engine_options,
+                               environment, format_table, fresh_cache_salt, make_llm, workload2,
+                               write_dummy_model)
 
 
 def main() -> None:
@@ -40,6 +41,7 @@ def main() -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs (ranks) the model is split over")
     p.add_argument("--out", default=None)
+    add_engine_options(p)
     args = p.parse_args()
 
     import torch
@@ -66,7 +68,7 @@ def main() -> None:
         llm, dropped = make_llm(folder, device, None if args.enforce_eager is None else args.enforce_eager == "true",
                                 args.attention_backend, max_model_len=args.prompt_len + args.new_tokens + 16,
                                 max_num_seqs=max(batches), gpu_memory_utilization=args.gpu_memory_utilization,
-                                tensor_parallel_size=args.tensor_parallel_size,
+                                tensor_parallel_size=args.tensor_parallel_size, **engine_options(args),
                                 **({} if args.async_scheduling is None
                                    else {"async_scheduling": args.async_scheduling == "true"}))
         init_s = time.perf_counter() - t0
@@ -75,7 +77,7 @@ def main() -> None:
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
             sync()
             start = time.perf_counter()
-            outs = llm.generate(prompts, params, use_tqdm=False)
+            outs = llm.generate(prompts, params, use_tqdm=False, cache_salt=fresh_cache_salt())
             sync()
             seconds = time.perf_counter() - start
             assert all(len(o.outputs[0].token_ids) == max_tokens for o in outs)

@@ -21,8 +21,8 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks.common import (SHAPES, ceilings, dump, environment, format_table, output_tokens, run_child,
-                               workload1, workload_floor, write_child_result, write_dummy_model)
+from benchmarks.common import (SHAPES, ceilings, dump, environment, format_table, fresh_cache_salt, output_tokens,
+                               run_child, workload1, workload_floor, write_child_result, write_dummy_model)
 
 
 def main() -> None:
@@ -176,10 +176,11 @@ async def _run_size(args, device: str, requests) -> dict[str, Any]:
 
     async def run(engine, reqs, tag: str) -> int:
         got = [0]
+        salt = fresh_cache_salt()  # repeated prompts (warm-up, the DP=1 run) are computed again
 
         async def one(i, r) -> None:
             params = SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.0)
-            async for delta in engine.generate(r.prompt, params, request_id=f"{tag}{i}"):
+            async for delta in engine.generate(r.prompt, params, request_id=f"{tag}{i}", cache_salt=salt):
                 got[0] += len(delta.token_ids)
 
         async with anyio.create_task_group() as tg:

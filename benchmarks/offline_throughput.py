@@ -23,8 +23,9 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks.common import (SHAPES, ceilings, dump, environment, format_table, output_tokens, run_child,
-                               workload1, workload_floor, write_child_result, write_dummy_model)
+from benchmarks.common import (SHAPES, add_engine_options, ceilings, dump, engine_options, environment, format_table,
+                               output_tokens, run_child, workload1, workload_floor, write_child_result,
+                               write_dummy_model)
 
 PEERS = ("hf-cb-graphs", "hf-cb-eager", "hf-generate")
 
@@ -40,6 +41,8 @@ def main() -> None:
     p.add_argument("--attention-backend", default=None)
     p.add_argument("--enforce-eager", choices=("true", "false"), default=None)
     p.add_argument("--async-scheduling", choices=("true", "false"), default=None)
+    p.add_argument("--enable-prefix-caching", choices=("true", "false"), default=None,
+                   help="aioinfer only (default: the engine's, on); workload 1 shares no prefixes")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -48,6 +51,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=900, help="seconds for aioinfer's child process")
     p.add_argument("--peer-timeout", type=float, default=900, help="seconds per peer's child process")
     p.add_argument("--out", default=None, help="JSON results")
+    add_engine_options(p)
     # Child-process mode (internal).
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
@@ -91,6 +95,10 @@ def main() -> None:
             common += ["--enforce-eager", args.enforce_eager]
         if args.async_scheduling:
             common += ["--async-scheduling", args.async_scheduling]
+        if args.enable_prefix_caching:
+            common += ["--enable-prefix-caching", args.enable_prefix_caching]
+        for option in args.engine_option:
+            common += ["--engine-option", option]
         common += ["--peers", ",".join(peers)] if peers else ["--skip-peers"]
         results: dict[str, Any] = {}
         for system in ["aioinfer", *peers]:
@@ -157,7 +165,8 @@ def _sync(device: str) -> None:
 
 def run_aioinfer(args, device: str, requests, subset) -> dict[str, Any]:
     from aioinfer import SamplingParams
-    from benchmarks.common import make_llm
+    from benchmarks.common import fresh_cache_salt, make_llm
+    from benchmarks.triton_compiles import TritonCompiles
 
     t0 = time.perf_counter()
     llm, dropped = make_llm(args.folder, device,
@@ -165,7 +174,9 @@ def run_aioinfer(args, device: str, requests, subset) -> dict[str, Any]:
                             args.attention_backend, max_model_len=2048, max_num_seqs=args.max_num_seqs,
                             max_num_batched_tokens=args.max_num_batched_tokens,
                             gpu_memory_utilization=args.gpu_memory_utilization,
-                            tensor_parallel_size=args.tensor_parallel_size,
+                            tensor_parallel_size=args.tensor_parallel_size, **engine_options(args),
+                            **({} if args.enable_prefix_caching is None
+                               else {"enable_prefix_caching": args.enable_prefix_caching == "true"}),
                             **({} if args.async_scheduling is None
                                else {"async_scheduling": args.async_scheduling == "true"}))
     init_s = time.perf_counter() - t0
@@ -173,20 +184,25 @@ def run_aioinfer(args, device: str, requests, subset) -> dict[str, Any]:
     def generate(reqs) -> dict[str, Any]:
         params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.0) for r in reqs]
         _sync(device)
-        start = time.perf_counter()
-        outs = llm.generate([r.prompt for r in reqs], params, use_tqdm=False)
-        _sync(device)
-        seconds = time.perf_counter() - start
+        with TritonCompiles() as compiles:
+            start = time.perf_counter()
+            outs = llm.generate([r.prompt for r in reqs], params, use_tqdm=False, cache_salt=fresh_cache_salt())
+            _sync(device)
+            seconds = time.perf_counter() - start
         got = sum(len(o.outputs[0].token_ids) for o in outs)
         assert got == output_tokens(reqs), (got, output_tokens(reqs))
-        return {"output_tokens": got, "seconds": seconds, "tok_per_s": got / seconds}
+        # Kernel variants first met inside the timed run: their compiles are in ``seconds``.
+        return {"output_tokens": got, "seconds": seconds, "tok_per_s": got / seconds,
+                "triton_compiles": compiles.names}
 
     # Warm-up: first kernels, allocator, graph capture (when the engine has it).
     t0 = time.perf_counter()
     generate(workload1(num_requests=4, seed=1, max_input_len=200, max_output_len=110, max_token_id=500))
     warmup_s = time.perf_counter() - t0
     result: dict[str, Any] = {"init_s": init_s, "warmup_s": warmup_s, "dropped_options": dropped,
-                              "attention_backend": getattr(llm.config, "attention_backend", None)}
+                              "attention_backend": getattr(llm.config, "attention_backend", None),
+                              "enable_prefix_caching": llm.config.cache.enable_prefix_caching,
+                              "engine_options": engine_options(args)}
     result["full"] = generate(requests)
     print(f"aioinfer full: {result['full']}", flush=True)
     if args.peers and not args.skip_peers:

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from benchmarks.common import SHAPES, dump, environment, format_table, make_llm, write_dummy_model
+from benchmarks.triton_compiles import TritonCompiles
 
 TARGET_RATIO = 0.15
 
@@ -68,12 +69,17 @@ def main() -> None:
                                 gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=True)
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
+    compiled_in_trials: list[str] = []
+
     def ttft(prompt: list[int]) -> tuple[float, int]:
         sync()
-        start = time.perf_counter()
-        (out,) = llm.generate([prompt], params, use_tqdm=False)
-        sync()
-        return time.perf_counter() - start, out.num_cached_tokens
+        with TritonCompiles() as compiles:
+            start = time.perf_counter()
+            (out,) = llm.generate([prompt], params, use_tqdm=False)
+            sync()
+            seconds = time.perf_counter() - start
+        compiled_in_trials.extend(compiles.names or ())
+        return seconds, out.num_cached_tokens
 
     def draw(seed: int) -> tuple[list[int], list[int], list[int]]:
         rng = random.Random(seed)
@@ -84,6 +90,7 @@ def main() -> None:
     prefix, a, b = draw(10_000)  # warm-up pair
     ttft(prefix + a)
     ttft(prefix + b)
+    compiled_in_trials.clear()
 
     trials: list[dict[str, Any]] = []
     for trial in range(args.trials):
@@ -103,7 +110,7 @@ def main() -> None:
     payload = {"benchmark": "prefix_cache (warm vs cold TTFT)", "model": args.model, "device": device,
                "environment": env, "prefix_len": prefix_len, "suffix_len": args.suffix_len,
                "cold_s_median": cold, "warm_s_median": warm, "warm_over_cold": ratio, "target_ratio": TARGET_RATIO,
-               "trials": trials, "dropped_options": dropped, "argv": vars(args)}
+               "trials": trials, "triton_compiles_in_trials": compiled_in_trials, "dropped_options": dropped, "argv": vars(args)}
     dump(args.out, payload)
     print()
     print(f"prefix caching, {args.model} (dummy weights), {env.get('device')}, {env['date']}: prompt = "

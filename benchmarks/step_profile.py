@@ -24,7 +24,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from benchmarks.common import SHAPES, dump, environment, format_table, make_llm, workload2, write_dummy_model
+from benchmarks.common import (SHAPES, add_engine_options, dump, engine_options, environment, format_table,
+                               fresh_cache_salt, make_llm, workload2, write_dummy_model)
 
 _PHASES = {  # label -> (attribute path on the LLM, method name)
     "schedule": ("engine.scheduler", "schedule"),
@@ -100,6 +101,7 @@ def main() -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=None)
+    add_engine_options(p)
     args = p.parse_args()
 
     import torch
@@ -126,7 +128,7 @@ def main() -> None:
         llm, _ = make_llm(folder, device, None if args.enforce_eager is None else args.enforce_eager == "true",
                           None, max_model_len=max_len, max_num_seqs=max(batches),
                           max_num_batched_tokens=max(8192, args.prefill_tokens),
-                          gpu_memory_utilization=args.gpu_memory_utilization,
+                          gpu_memory_utilization=args.gpu_memory_utilization, **engine_options(args),
                           **({} if args.async_scheduling is None
                              else {"async_scheduling": args.async_scheduling == "true"}))
 
@@ -134,7 +136,7 @@ def main() -> None:
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
             sync()
             start = time.perf_counter()
-            llm.generate(prompts, params, use_tqdm=False)
+            llm.generate(prompts, params, use_tqdm=False, cache_salt=fresh_cache_salt())
             sync()
             return time.perf_counter() - start
 

@@ -1,6 +1,7 @@
 """Property test: random arrivals, aborts, priorities, shared prefixes, salts and preemptions (both
-modes, synchronous and look-ahead scheduling) keep the KV bookkeeping consistent after every step
-and end with every block free, every reservation zero and every host run returned."""
+modes, synchronous and look-ahead scheduling; for memory and for a better-priority arrival) keep the
+KV bookkeeping consistent after every step and end with every block free, every reservation zero
+and every host run returned."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from aioinfer.config import SchedulerConfig
 from aioinfer.core.kv_cache_manager import KVCacheManager, cdiv
+from aioinfer.core.request_queue import outranks
 from aioinfer.core.scheduler import RequestTooLongError, Scheduler
 from aioinfer.request import RequestStatus
 from kv_fakes import ChainedKVRunner
@@ -39,7 +41,14 @@ def test_kv_bookkeeping_survives_random_traffic(seed, num_blocks, block_size, bu
     in_flight = None
 
     def schedule():
+        head = sched.waiting.peek() if sched.waiting else None
+        running, before = list(sched.running), sched.num_priority_preemptions
         out = sched.schedule()
+        # Priority preemptions come first, from the back of the order, and only of requests the head
+        # outranks (never its equals), which is then admitted (unless preempted again for memory).
+        victims = running[len(running) - (sched.num_priority_preemptions - before):]
+        assert all(outranks(head, victim) for victim in victims)
+        assert not victims or head.status == RequestStatus.RUNNING or head.num_preemptions
         for swap in out.swap_out:  # only requests whose prompt is computed are swapped, whole tables
             victim = sched.requests[swap.request_id]
             assert victim.status == RequestStatus.SWAPPED

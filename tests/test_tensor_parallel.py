@@ -5,6 +5,11 @@
 - TP=2 gives the same greedy tokens as TP=1 and as transformers (batch of prompts, chunked prefill),
   and the same seeded random samples with penalties and logprobs;
 - dummy weights are the same model at every TP size; the async Engine runs TP=2;
+- async scheduling at TP=2 (look-ahead steps whose input tokens each rank takes from its own
+  sampled ids) gives TP=1's tokens and logprobs: chunked prefill, penalties (no look-ahead while a
+  running request has one), mixed batches, aborts of requests whose next step is already launched;
+  a worker launches and collects in rank 0's order; the step channel round-trips every step type
+  and drops a client without the secret;
 - a head count tp does not divide fails before any process starts; workers are gone after
   shutdown; a worker that dies surfaces as WorkerProcessError on rank 0 instead of a hang.
 """
@@ -22,17 +27,17 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
+from engine_streams import generate_all
+from tiny_models import make_tiny_model_dir
 
 from aioinfer import LLM, Engine, SamplingParams
 from aioinfer.errors import TensorParallelError, WorkerProcessError
-from engine_streams import generate_all
-from tiny_models import make_tiny_model_dir
 
 MAX_TOKENS = 10
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
 SEEDED = SamplingParams(temperature=0.9, top_p=0.9, seed=7, repetition_penalty=1.3, logprobs=3,
                         max_tokens=MAX_TOKENS, ignore_eos=True)
-OPTIONS = dict(dtype="float32", device="cpu")
+OPTIONS = {"dtype": "float32", "device": "cpu"}
 
 
 def _prompts(vocab: int) -> list[list[int]]:
@@ -126,7 +131,7 @@ def tiny(request, tmp_path_factory):
     (padding on the last rank), an untied head and o_proj bias (row-parallel bias added once)."""
     from transformers import AutoModelForCausalLM
 
-    overrides = {} if request.param == "qwen2" else dict(vocab_size=509, attention_bias=True)
+    overrides = {} if request.param == "qwen2" else {"vocab_size": 509, "attention_bias": True}
     path = make_tiny_model_dir(tmp_path_factory.mktemp(request.param), arch=request.param, **overrides)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompts = _prompts(hf.config.vocab_size)
@@ -144,6 +149,7 @@ def test_tp2_equals_tp1_and_transformers(tiny):
     single = LLM(model=str(path), **OPTIONS, max_num_batched_tokens=24)
     with LLM(model=str(path), **OPTIONS, tensor_parallel_size=2, max_num_batched_tokens=24) as llm:
         assert llm.engine.loaded.model.num_kv_heads == 1  # 2 KV heads split over 2 ranks
+        assert not llm.engine.async_scheduling  # the default on the CPU
         steps = llm.engine.num_steps
         greedy = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
         assert llm.engine.num_steps - steps > MAX_TOKENS + 60 // 24  # prompts really were chunked
@@ -181,10 +187,222 @@ async def test_async_engine_tp2(tiny, anyio_backend):
     path, prompts, expected = tiny
     async with Engine(str(path), **OPTIONS, tensor_parallel_size=2, async_scheduling=True) as engine:
         pids = engine._core.runner.worker_pids
-        assert not engine._core.async_scheduling  # turned off under tensor parallelism
+        assert engine._core.async_scheduling
         results = await generate_all(engine, prompts, GREEDY)
+        # Left mid-stream: shutdown must drain the step launched ahead, on every rank.
+        stream = engine.generate(prompts[2], SamplingParams(temperature=0, max_tokens=300, ignore_eos=True))
+        await stream.__anext__()
     assert results == expected
     assert not any(_alive(pid) for pid in pids)
+
+
+# --------------------------------------------------------------------------- async scheduling
+
+def _record_look_ahead(llm) -> list[int]:
+    """Rank 0's count of launched, uncollected steps at each launch (> 0: a look-ahead launch)."""
+    runner = llm.engine.runner
+    seen: list[int] = []
+    launch = runner.launch
+
+    def recording(scheduler_output):
+        seen.append(runner._uncollected)
+        return launch(scheduler_output)
+
+    runner.launch = recording
+    return seen
+
+
+def test_async_tp2_equals_tp1_and_transformers(tiny):
+    path, prompts, expected = tiny
+    single = LLM(model=str(path), **OPTIONS, max_num_batched_tokens=24)
+    with LLM(model=str(path), **OPTIONS, tensor_parallel_size=2, max_num_batched_tokens=24,
+             async_scheduling=True) as llm:
+        assert llm.engine.async_scheduling
+        seen = _record_look_ahead(llm)
+        steps = llm.engine.num_steps
+        greedy = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
+        assert llm.engine.num_steps - steps > MAX_TOKENS + 60 // 24  # prompts really were chunked
+        assert max(seen) == 1 and seen.count(1) > MAX_TOKENS  # steps really were launched ahead
+        assert greedy == expected
+        assert greedy == _tokens(single.generate(prompts, GREEDY, use_tqdm=False))
+
+        # Random samples and logprobs: any rank whose look-ahead input differed from rank 0's would
+        # corrupt its half of the KV cache and move these.
+        sampled = SamplingParams(temperature=0.9, top_p=0.9, seed=7, logprobs=3, max_tokens=MAX_TOKENS,
+                                 ignore_eos=True)
+        _assert_same_samples(llm.generate(prompts, sampled, use_tqdm=False),
+                             single.generate(prompts, sampled, use_tqdm=False))
+
+        # Penalties: no look-ahead at all while such a request runs.
+        del seen[:]
+        _assert_same_samples(llm.generate(prompts, SEEDED, use_tqdm=False),
+                             single.generate(prompts, SEEDED, use_tqdm=False))
+        assert set(seen) == {0}
+
+        # Mixed: look-ahead stops while the penalised requests run and resumes once they are done.
+        del seen[:]
+        mixed = [SamplingParams(temperature=0.9, seed=i, repetition_penalty=1.3, max_tokens=3, ignore_eos=True)
+                 if i % 2 else SamplingParams(temperature=0.8, seed=i, max_tokens=3 * MAX_TOKENS, ignore_eos=True)
+                 for i in range(len(prompts))]
+        _assert_same_samples(llm.generate(prompts, mixed, use_tqdm=False),
+                             single.generate(prompts, mixed, use_tqdm=False))
+        assert 0 in seen and 1 in seen
+
+
+def _assert_same_samples(got, want) -> None:
+    assert _tokens(got) == _tokens(want)
+    for g, w in zip(got, want):
+        for lp_got, lp_want in zip(g.outputs[0].logprobs or [], w.outputs[0].logprobs or []):
+            assert lp_got.keys() == lp_want.keys()
+            for token_id in lp_want:
+                assert lp_got[token_id].logprob == pytest.approx(lp_want[token_id].logprob, abs=1e-4)
+
+
+def test_async_tp2_aborts_mid_run(tiny):
+    """Requests aborted while their next step is already launched on every rank: the others still get
+    TP=1's tokens, and the engine (and the workers' request state) serves the same prompts again."""
+    path, prompts, expected = tiny
+    with LLM(model=str(path), **OPTIONS, tensor_parallel_size=2, max_num_batched_tokens=24,
+             async_scheduling=True) as llm:
+        core = llm.engine
+        for i, prompt in enumerate(prompts):
+            core.add_request(llm.inputs.make_request(f"r{i}", prompt, GREEDY))
+        tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+        aborted = ["r1", "r4"]
+        num_steps = 0
+        while core.has_unfinished():
+            for out in core.step():
+                tokens[out.request_id] += out.new_token_ids
+            num_steps += 1
+            if num_steps == 6:
+                assert core._in_flight is not None  # the next step is out, aborted requests included
+                assert sorted(core.finish_requests(aborted)) == aborted
+        for i in range(len(prompts)):
+            got = tokens[f"r{i}"]
+            if f"r{i}" in aborted:
+                assert len(got) < MAX_TOKENS and got == expected[i][:len(got)]
+            else:
+                assert got == expected[i]
+        assert core.kv_cache.all_free()
+        assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
+
+
+class _Recorder:
+    """A ModelRunner stand-in that logs the order of its launches and collects."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def launch(self, step: str) -> str:
+        self.log.append(f"launch {step}")
+        return step
+
+    def collect(self, step: str) -> None:
+        self.log.append(f"collect {step}")
+
+
+def test_worker_launches_and_collects_in_rank0_order():
+    from aioinfer.distributed.worker import replay
+
+    # Rank 0: launch a; launch b ahead; collect a; launch c ahead; collect b; collect c (drain);
+    # launch d without look-ahead (penalties); collect d; launch e.
+    messages = iter([(0, "a"), (1, "b"), (1, "c"), (0, "d"), (0, "e"), None])
+
+    class Channel:
+        def recv(self):
+            return next(messages)
+
+    runner = _Recorder()
+    replay(Channel(), runner)
+    assert runner.log == ["launch a", "launch b", "collect a", "launch c", "collect b", "collect c",
+                          "launch d", "collect d", "launch e"]
+
+
+def test_step_channel_round_trips_steps_and_drops_strangers():
+    import threading
+
+    from aioinfer.core import scheduler_output as so
+    from aioinfer.distributed.step_channel import StepReceiver, StepSender, dumps
+
+    box, ready = [], threading.Event()
+
+    class Group:  # the control group of two ranks in one process: broadcast_object through a box
+        world_size = 2
+
+        def __init__(self, rank):
+            self.rank = rank
+
+        def broadcast_object(self, obj=None):
+            if self.rank == 0:
+                box.append(obj)
+                ready.set()
+                return obj
+            ready.wait(10)
+            return box[0]
+
+    step = so.SchedulerOutput(
+        scheduled=[so.ScheduledRequest("a", [1, 2, 3], 0, [4, 5], True), so.ScheduledRequest("b", [-1], 9, [7], False)],
+        new_requests=[so.NewRequestData("a", [1, 2, 3], SamplingParams(temperature=0.5, stop=["x"], logit_bias={3: 1.0}),
+                                        11, (0, 2))],
+        finished_request_ids=["z"], num_scheduled_tokens=4, num_preempted=1,
+        swap_out=[so.SwapOut("c", (1, 2), 0)], swap_in=[so.SwapIn("d", 0, (3, 4))], num_prefix_cache_queries=3)
+    empty = so.SchedulerOutput([], [], [], 0)
+    assert len(dumps(step)) < len(__import__("pickle").dumps(step))
+
+    def stranger():
+        ready.wait(10)
+        with socket.create_connection(("127.0.0.1", box[0][0])) as sock:
+            sock.sendall(b"not the secret" + bytes(18))
+            sock.recv(1)  # closed by rank 0
+
+    received = []
+
+    def worker():
+        ready.wait(10)
+        time.sleep(0.2)  # the stranger connects first
+        receiver = StepReceiver(Group(1), "tcp://127.0.0.1:1")
+        while (obj := receiver.recv()) is not None:
+            received.append(obj)
+        receiver.close()
+
+    threads = [threading.Thread(target=stranger), threading.Thread(target=worker)]
+    for thread in threads:
+        thread.start()
+    sender = StepSender(Group(0), "tcp://127.0.0.1:1", timeout_s=10)
+    for message in [(0, step), (1, empty), None]:
+        sender.send(message)
+    for thread in threads:
+        thread.join(10)
+    sender.close()
+    assert received == [(0, step), (1, empty)]
+
+
+def test_step_channel_is_a_socket_on_one_machine_and_gloo_across_machines(monkeypatch):
+    """Between machines everything goes through torch.distributed: the socket is a loopback shortcut."""
+    from aioinfer.distributed.step_channel import GlooStepChannel, open_step_receiver, open_step_sender, same_machine
+
+    assert same_machine("tcp://127.0.0.1:29500") and same_machine("tcp://localhost:1")
+    assert not same_machine("tcp://192.0.2.7:29500")  # TEST-NET-1: another machine
+    monkeypatch.setenv("MASTER_ADDR", "192.0.2.7")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert not same_machine("env://")
+
+    sent = []
+
+    class Group:  # rank 0 and a worker over one "broadcast": the worker reads what rank 0 sent
+        world_size = 2
+
+        def broadcast_object(self, obj=None):
+            if obj is not None:
+                sent.append(obj)
+                return obj
+            return sent.pop(0)
+
+    sender, receiver = open_step_sender(Group(), "env://", 1), open_step_receiver(Group(), "env://")
+    assert isinstance(sender, GlooStepChannel) and isinstance(receiver, GlooStepChannel)
+    sender.send((0, "step"))
+    assert receiver.recv() == (0, "step")
+    sender.close(), receiver.close()
 
 
 # --------------------------------------------------------------------------- errors
@@ -219,12 +437,17 @@ def test_dead_worker_is_an_error_not_a_hang(tmp_path_factory):
 # --------------------------------------------------------------------------- two GPUs (NCCL)
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("symm_mem", [False, True])
 @pytest.mark.parametrize("enforce_eager", [False, True])
-def test_tp2_on_two_gpus_matches_transformers(tmp_path, enforce_eager):
-    """NCCL ranks on cuda:0 and cuda:1, decode through captured CUDA graphs (all-reduces inside)."""
+def test_tp2_on_two_gpus_matches_transformers(tmp_path, monkeypatch, enforce_eager, symm_mem):
+    """NCCL ranks on cuda:0 and cuda:1, decode through captured CUDA graphs (all-reduces inside),
+    async scheduling on (the CUDA default); optionally the symmetric-memory all-reduce."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA devices")
     from transformers import AutoModelForCausalLM
+
+    if symm_mem:
+        monkeypatch.setenv("AIOINFER_TP_SYMM_MEM", "1")  # read by rank 0 and inherited by the worker
 
     path = make_tiny_model_dir(tmp_path, arch="llama", vocab_size=509, attention_bias=True)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -236,4 +459,63 @@ def test_tp2_on_two_gpus_matches_transformers(tmp_path, enforce_eager):
     with LLM(model=str(path), dtype="float32", device="cuda", attention_backend="triton", tensor_parallel_size=2,
              enforce_eager=enforce_eager, max_num_batched_tokens=24, num_kv_blocks=256) as llm:
         assert (llm.engine.runner.graphs is None) == enforce_eager
+        assert llm.engine.async_scheduling
+        assert (llm.engine.runner.group.fast_all_reduce is not None) == symm_mem
         assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
+
+
+def _check_symm_mem_all_reduce(rank: int, port: int) -> None:
+    """Runs on cuda:0 and cuda:1: the one-shot path against NCCL, eager and inside a CUDA graph."""
+    import torch.distributed as dist
+
+    from aioinfer.distributed.group import destroy_tp_group, init_tp_group
+
+    os.environ["AIOINFER_TP_SYMM_MEM"] = "1"
+    device = torch.device(f"cuda:{rank}")
+    tp = init_tp_group(rank, 2, f"tcp://127.0.0.1:{port}", device)
+    try:
+        fast = tp.fast_all_reduce
+        assert fast is not None
+        generator = torch.Generator().manual_seed(rank)
+        for dtype in (torch.bfloat16, torch.float32):
+            for shape in ((1, 3584), (7, 64), (64, 3584), (1024, 3584)):  # the last one is NCCL's
+                x = torch.randn(shape, generator=generator).to(device, dtype)
+                want = x.clone()
+                dist.all_reduce(want, group=tp.device_group)
+                assert fast.accepts(x) == (x.numel() * x.element_size() <= 512 * 1024)
+                got = tp.all_reduce(x.clone())
+                torch.testing.assert_close(got, want, rtol=0, atol=0)  # two addends: a + b either way
+                both = torch.empty((2,) + shape, dtype=dtype, device=device)
+                dist.all_gather_into_tensor(both, got, group=tp.device_group)
+                assert torch.equal(both[0], both[1])  # the same bits on every rank
+
+        # Captured: a chain of sums, as a decode graph holds them, replayed twice.
+        static = torch.randn((4, 3584), generator=generator).to(device, torch.bfloat16)
+        want = static.clone()
+        for _ in range(5):
+            dist.all_reduce(want, group=tp.device_group)
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up outside the capture, as the runner does
+            tp.all_reduce(static)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = static
+            for _ in range(5):
+                y = tp.all_reduce(y)
+        for _ in range(2):
+            graph.replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(y, want, rtol=0, atol=0)
+        del graph
+    finally:
+        destroy_tp_group()
+
+
+@pytest.mark.gpu
+def test_symm_mem_all_reduce_matches_nccl():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    torch.multiprocessing.spawn(_check_symm_mem_all_reduce, args=(_free_port(),), nprocs=2)

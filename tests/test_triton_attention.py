@@ -103,11 +103,12 @@ def _decode(case, num_splits=None):
     return out
 
 
-def _prefill(case):
+def _prefill(case, num_splits=None, max_seq_len=None):
+    """num_splits: fixed split count; else max_seq_len given lets the heuristic split, None runs unsplit."""
     md = case["md"]
     out = torch.full_like(case["q"], float("nan"))
     paged_prefill(case["q"], case["kc"], case["vc"], md.block_tables, md.seq_lens, md.query_start_loc,
-                  md.num_seqs, case["scale"], out=out)
+                  md.num_seqs, case["scale"], out=out, max_seq_len=max_seq_len, num_splits=num_splits)
     return out
 
 
@@ -153,6 +154,26 @@ def test_gpu_prefill_chunked_mixed(dtype, heads, head_dim, block_size):
     seed = hash((str(dtype), heads, head_dim, block_size, "p")) % 10_000
     case = _build(_mixed_seqs(block_size, 1100), block_size, *heads, head_dim, dtype, GPU_POOL, seed)
     _assert_close(_prefill(case), case["ref"], dtype)
+    # Context split ("flash-decoding" for prefill): more splits than some rows have tiles, so empty splits too.
+    for splits in (2, 7, 64):
+        _assert_close(_prefill(case, num_splits=splits), case["ref"], dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"{h[0]}q{h[1]}kv")
+def test_gpu_prefill_short_chunk_long_context_splits(dtype, heads):
+    """A prefix-cache hit's step: a short chunk after a long cached context; the heuristic splits the
+    context because the grid alone would leave the GPU nearly idle."""
+    seqs = [(4096, 32)]
+    case = _build(seqs, 16, *heads, 128, dtype, GPU_POOL, 11)
+    md = case["md"]
+    from aioinfer.attention.triton_ops.decode import choose_num_splits
+    assert choose_num_splits(32 // 16 + 1, heads[1], md.max_seq_len, case["q"].device) > 1
+    _assert_close(_prefill(case, max_seq_len=md.max_seq_len), case["ref"], dtype)
+    # Two hits and a decode row side by side, with the heuristic.
+    case = _build([(2048, 17), (3000, 1), (4000, 40)], 16, *heads, 128, dtype, GPU_POOL, 12)
+    _assert_close(_prefill(case, max_seq_len=case["md"].max_seq_len), case["ref"], dtype)
 
 
 @pytest.mark.gpu
@@ -249,6 +270,8 @@ def test_interp_prefill_chunked_mixed(dtype, heads, head_dim, block_size):
     seqs = [(0, 1), (bs - 1, 1), (bs, 1), (0, bs + 1), (5, 7), (2 * bs, bs), (70, 40), (3, 2 * bs + 1)]
     case = _build(seqs, bs, *heads, head_dim, dtype, 256, 4)
     _assert_close(_prefill(case), case["ref"], dtype)
+    for splits in (3, 9):  # context split into partials merged afterwards; 9 leaves some splits empty
+        _assert_close(_prefill(case, num_splits=splits), case["ref"], dtype)
 
 
 @interp

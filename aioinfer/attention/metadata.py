@@ -31,3 +31,6 @@ class AttentionMetadata:
     # Decode-only steps: the split-K count the runner fixed for this batch-size bucket, so that eager
     # steps and CUDA-graph replays run the very same reduction (identical tokens). None: backend's choice.
     decode_num_splits: Optional[int] = None
+    # Other steps: the context-split count of the prefill kernel, fixed per CUDA-graph token bucket
+    # for the same reason (eager steps that fit a bucket use it too). None: chosen from max_seq_len.
+    prefill_num_splits: Optional[int] = None

@@ -17,7 +17,7 @@ from aioinfer.attention.backend import AttentionBackend
 from aioinfer.attention.metadata import AttentionMetadata
 from aioinfer.attention.triton_ops.decode import choose_num_splits, paged_decode
 from aioinfer.attention.triton_ops.kv_write import write_kv
-from aioinfer.attention.triton_ops.prefill import paged_prefill
+from aioinfer.attention.triton_ops.prefill import paged_prefill, prefill_programs_per_kv_head
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -52,6 +52,14 @@ class TritonAttentionBackend(AttentionBackend):
         """The split count the heuristic picks for a batch of ``num_seqs`` with contexts <= max_context."""
         return choose_num_splits(num_seqs, num_kv_heads, max_context, torch.device(device))
 
+    @staticmethod
+    def prefill_splits_for(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                           max_context: int, device: torch.device) -> int:
+        """The context-split count for a step of up to ``num_tokens`` tokens in one sequence over
+        contexts <= max_context (a CUDA-graph bucket: the grid is fixed, the lengths are not)."""
+        programs = prefill_programs_per_kv_head(num_tokens, 1, num_heads, num_kv_heads, head_dim, dtype)
+        return choose_num_splits(programs, num_kv_heads, max_context, torch.device(device))
+
     def write_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         write_kv(key, value, key_cache, value_cache, slot_mapping)
 
@@ -66,7 +74,8 @@ class TritonAttentionBackend(AttentionBackend):
             )
         return paged_prefill(
             query, key_cache, value_cache, metadata.block_tables, metadata.seq_lens,
-            metadata.query_start_loc, metadata.num_seqs, scale,
+            metadata.query_start_loc, metadata.num_seqs, scale, max_seq_len=metadata.max_seq_len,
+            num_splits=metadata.prefill_num_splits,
         )
 
     def forward_no_cache(self, query, key, value, metadata: AttentionMetadata, scale: float) -> torch.Tensor:

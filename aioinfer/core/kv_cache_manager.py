@@ -72,7 +72,7 @@ class KVCacheManager:
         the last known token is always left to compute: the block holding it is never taken from
         the cache, because a shared block is never written and the step must produce its logits.
         """
-        hits = self._match(request)
+        hits = self.match_prefix(request)
         target = cdiv(request.num_tokens, self.block_size)
         revived = sum(1 for entry in hits if self.pool.is_free(entry.block_id))
         if target - len(hits) + self._num_reserved > self.pool.num_free_blocks - revived:
@@ -97,9 +97,9 @@ class KVCacheManager:
 
     def _reserve(self, request_id: str, target_blocks: int) -> None:
         self._reserved[request_id] = target_blocks
-        self._num_reserved += self._outstanding(request_id)
+        self._num_reserved += self.outstanding_blocks(request_id)
 
-    def _outstanding(self, request_id: str) -> int:
+    def outstanding_blocks(self, request_id: str) -> int:
         target = self._reserved.get(request_id)
         return 0 if target is None else max(0, target - len(self._tables.get(request_id, ())))
 
@@ -115,7 +115,7 @@ class KVCacheManager:
         needed = cdiv(num_computed_tokens + num_new_tokens, self.block_size) - len(table)
         if needed <= 0:
             return []
-        own = self._outstanding(request_id)
+        own = self.outstanding_blocks(request_id)
         if needed > self.pool.num_free_blocks - (self._num_reserved - own):
             if not table and request_id not in self._reserved:
                 del self._tables[request_id]
@@ -125,7 +125,7 @@ class KVCacheManager:
             for block_id in new_blocks:
                 self.prefix_cache.evict(block_id)
         table.extend(new_blocks)
-        self._num_reserved -= own - self._outstanding(request_id)
+        self._num_reserved -= own - self.outstanding_blocks(request_id)
         return new_blocks
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
@@ -160,7 +160,7 @@ class KVCacheManager:
         """
         request_id = request.request_id
         self.cache_blocks(request, request.num_computed_tokens)
-        self._num_reserved -= self._outstanding(request_id)
+        self._num_reserved -= self.outstanding_blocks(request_id)
         self._reserved.pop(request_id, None)
         self._chains.pop(request_id, None)
         table = self._tables.pop(request_id, None)
@@ -169,7 +169,7 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ prefix lookup
 
-    def _match(self, request: Request) -> list[CachedBlock]:
+    def match_prefix(self, request: Request) -> list[CachedBlock]:
         if self.prefix_cache is None:
             return []
         max_blocks = (request.num_tokens - 1) // self.block_size  # never the block of the last token

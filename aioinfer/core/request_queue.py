@@ -13,7 +13,8 @@ seconds make the rule deterministic in tests and independent of the hardware's s
 from __future__ import annotations
 
 import bisect
-from typing import Iterator
+import itertools
+from collections.abc import Iterator
 
 from aioinfer.request import Request
 
@@ -23,6 +24,16 @@ PRIORITY_AGING_STEPS = 1000
 
 def order_key(priority: int, arrival_step: int, arrival_seq: int, aging_steps: int) -> tuple[int, int]:
     return (priority * aging_steps + arrival_step, arrival_seq)
+
+
+def outranks(request: Request, other: Request) -> bool:
+    """Whether ``request`` may preempt ``other``: a strictly better priority, aging included.
+
+    The aged key alone would let an earlier arrival of equal priority preempt (FCFS is no reason to
+    evict a running request), so the plain priority must be better too: aging only protects an old
+    request from a later, better arrival, it never makes a request preempt its equals or betters.
+    """
+    return request.priority < other.priority and request.order_key[0] < other.order_key[0]
 
 
 def _key(request: Request) -> tuple[int, int]:
@@ -70,4 +81,4 @@ class RequestQueue:
 
     def is_sorted(self) -> bool:
         keys = [r.order_key for r in self._requests]
-        return all(a < b for a, b in zip(keys, keys[1:]))
+        return all(a < b for a, b in itertools.pairwise(keys))

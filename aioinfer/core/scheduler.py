@@ -14,18 +14,31 @@ output so far are computed again, through the prefix cache where its blocks surv
 runner) and later back into fresh device blocks (a SwapIn), after which it simply continues.
 A victim whose prompt is not computed yet is always recomputed, and so is any victim when no run
 of host blocks is free.
+
+A waiting request that outranks the last running one (a strictly better priority, aging included:
+``outranks``) does not wait for memory (vLLM's priority policy): before the running requests are
+granted, it is admitted into its place in the order, and if its blocks or a sequence slot are
+missing, the fewest running requests it outranks are preempted from the back of the order, or none
+when even all of them would not make room. Equal priorities never preempt each other.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from typing import Iterable, Optional
+from collections import Counter
+from collections.abc import Iterable
 
 from aioinfer.config import SchedulerConfig
 from aioinfer.core.host_block_pool import HostBlockPool
 from aioinfer.core.kv_cache_manager import KVCacheManager, cdiv
-from aioinfer.core.request_queue import PRIORITY_AGING_STEPS, RequestQueue, insert_ordered, order_key
+from aioinfer.core.request_queue import (
+    PRIORITY_AGING_STEPS,
+    RequestQueue,
+    insert_ordered,
+    order_key,
+    outranks,
+)
 from aioinfer.core.scheduler_output import (
     EngineCoreOutput,
     NewRequestData,
@@ -70,6 +83,7 @@ class Scheduler:
         self._arrivals = itertools.count()
         # Totals, for metrics and tests:
         self.num_preemptions = 0
+        self.num_priority_preemptions = 0  # of those, victims of a waiting request that outranked them
         self.num_swapped_out = 0  # preemptions that went to host memory
         self.num_swapped_in = 0
 
@@ -135,6 +149,9 @@ class Scheduler:
         swap_in: list[SwapIn] = []
 
         preemptions_before = self.num_preemptions
+        # Before the grants: a victim granted in this step would have to be taken back from the runner.
+        queries, hits = self._admit_outranking(swap_out, swap_in)
+        num_preempted_for_priority = self.num_preemptions - preemptions_before
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -149,28 +166,17 @@ class Scheduler:
             index += 1
         num_preempted = self.num_preemptions - preemptions_before
 
-        # Admitting while preempting would only thrash: the newcomers would be the next victims.
-        queries = hits = 0
-        if num_preempted == 0:
+        # Admitting while preempting for memory would only thrash: the newcomers would be the next victims.
+        if num_preempted == num_preempted_for_priority:
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 request = self.waiting.peek()
                 if request.num_pending_tokens:
                     break  # preempted while its last token was in flight: resume once the token is known
-                if request.status == RequestStatus.SWAPPED:
-                    if not self._swap_in(request, swap_in):
-                        break
-                else:
-                    num_cached = self.kv_cache.admit(request)
-                    if num_cached is None:
-                        break  # its uncached blocks do not fit beside the other reservations
-                    request.num_computed_tokens = num_cached
-                    if request.num_cached_tokens is None:  # first admission: what usage reports
-                        request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
-                        queries += request.num_tokens
-                        hits += num_cached
-                self.waiting.pop()
-                request.status = RequestStatus.RUNNING
-                insert_ordered(self.running, request)
+                admitted = self._admit(request, swap_in)
+                if admitted is None:
+                    break  # its uncached blocks do not fit beside the other reservations
+                queries += admitted[0]
+                hits += admitted[1]
                 num_new = min(request.num_tokens - request.num_computed_tokens, budget)
                 allocated = self.kv_cache.allocate_slots(request.request_id, request.num_computed_tokens, num_new)
                 assert allocated is not None, "admission reserved these blocks"
@@ -189,6 +195,84 @@ class Scheduler:
             num_prefix_cache_queries=queries,
             num_prefix_cache_hits=hits,
         )
+
+    def _admit(self, request: Request, swap_in: list[SwapIn]) -> tuple[int, int] | None:
+        """Move the head of the waiting queue into the running set, its blocks reserved (swapped: its
+        swap-in issued). Returns the prefix-cache (queries, hits) in tokens, or None (and no change)
+        when it does not fit."""
+        queries = hits = 0
+        if request.status == RequestStatus.SWAPPED:
+            if not self._swap_in(request, swap_in):
+                return None
+        else:
+            num_cached = self.kv_cache.admit(request)
+            if num_cached is None:
+                return None
+            request.num_computed_tokens = num_cached
+            if request.num_cached_tokens is None:  # first admission: what usage reports
+                request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
+                queries, hits = request.num_tokens, num_cached
+        self.waiting.pop()
+        request.status = RequestStatus.RUNNING
+        insert_ordered(self.running, request)
+        return queries, hits
+
+    def _admit_outranking(self, swap_out: list[SwapOut], swap_in: list[SwapIn]) -> tuple[int, int]:
+        """Admit waiting requests that outrank the last running one, preempting what they outrank.
+
+        Only the head can outrank anyone (it has the smallest key), and only a new arrival can be such
+        a head: a request that ran before was preempted after everything behind it, and the queue
+        admits in order. It joins the running set here, before the grants, so that it is granted in its
+        place in the order (ahead of the requests it outranks) and so that no victim has a grant in this
+        step. Returns the prefix-cache (queries, hits) in tokens.
+        """
+        queries = hits = 0
+        while self.waiting and self.running:
+            request = self.waiting.peek()
+            # Never a swapped request, which cannot happen anyway: preempted again in this step's
+            # grants, its swap-out would be copied before its own swap-in (the runner's order).
+            if (request.num_pending_tokens or request.status == RequestStatus.SWAPPED
+                    or not outranks(request, self.running[-1])):
+                break
+            num_victims = self._num_victims_for(request)
+            if num_victims is None:
+                break  # even every request it outranks would not make room: wait, preempting none
+            for _ in range(num_victims):
+                self._preempt(self.running.pop(), swap_out)
+                self.num_priority_preemptions += 1
+            admitted = self._admit(request, swap_in)
+            if admitted is None:
+                # Only a prefix-cache hash collision evicting one of its hits while the victims' blocks
+                # were cached can get here; it waits at the head like any request that does not fit.
+                break
+            queries += admitted[0]
+            hits += admitted[1]
+        return queries, hits
+
+    def _num_victims_for(self, request: Request) -> int | None:
+        """The fewest requests from the back of the running order, all outranked by ``request``, whose
+        preemption lets it be admitted (0: it fits as things are); None when no number does."""
+        kv = self.kv_cache
+        # kv.admit's own test, as if the victims' blocks and reservations were released. Hits on a
+        # victim's blocks need no new block but stop being free ones: they count once, not twice.
+        hits = kv.match_prefix(request)
+        need = cdiv(request.num_tokens, kv.block_size) - len(hits)
+        released: Counter[int] = Counter()
+        outstanding = 0
+        for num_victims in range(len(self.running) + 1):
+            if num_victims:
+                victim = self.running[-num_victims]
+                if not outranks(request, victim):
+                    return None
+                released.update(kv.block_ids(victim.request_id))
+                outstanding += kv.outstanding_blocks(victim.request_id)
+            if len(self.running) - num_victims >= self.config.max_num_seqs:
+                continue
+            freed = {b for b, n in released.items() if kv.pool.ref_counts[b] == n}
+            revived = sum(1 for entry in hits if kv.pool.is_free(entry.block_id) or entry.block_id in freed)
+            if need + kv.num_reserved_blocks - outstanding <= kv.num_free_blocks + len(freed) - revived:
+                return num_victims
+        return None
 
     def _allocate_or_preempt(self, request: Request, num_new: int, swap_out: list[SwapOut]) -> bool:
         """Allocate blocks for ``request``, preempting running requests from the back of the order.
@@ -312,7 +396,7 @@ class Scheduler:
             ))
         return outputs
 
-    def _stop_status(self, request: Request, token_id: int) -> Optional[RequestStatus]:
+    def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params
         # A stop token counts from the (min_tokens + 1)-th token on; the sampler masks it before that.
         if request.num_output_tokens > params.min_tokens:
@@ -343,7 +427,7 @@ class Scheduler:
         ids = [r.request_id for r in self.running] + [r.request_id for r in self.waiting]
         assert len(ids) == len(set(ids)) == len(self.requests), "a request is queued twice or lost"
         keys = [r.order_key for r in self.running]
-        assert all(a < b for a, b in zip(keys, keys[1:])) and self.waiting.is_sorted(), "queue order broken"
+        assert all(a < b for a, b in itertools.pairwise(keys)) and self.waiting.is_sorted(), "queue order broken"
         block_size = self.kv_cache.block_size
         for request in self.running:
             assert request.status == RequestStatus.RUNNING

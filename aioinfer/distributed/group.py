@@ -9,17 +9,21 @@ Two process groups over the same ranks:
   engine is idle, which may last for hours, so it has no practical timeout; a peer that dies
   still breaks it at once, because the peer's sockets close.
 
+Small all-reduces on CUDA may take a one-shot symmetric-memory kernel instead of NCCL, opt-in
+(symm_all_reduce.py).
+
 ``SINGLE`` is the world-size-1 group: every collective returns its input untouched, so the layers
 cost nothing extra without tensor parallelism.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -36,8 +40,9 @@ _CONTROL_TIMEOUT = datetime.timedelta(days=3650)
 class TPGroup:
     rank: int  # 0 is the engine process, which schedules
     world_size: int
-    device_group: Optional[Any] = None  # torch ProcessGroup; None at world size 1
-    control_group: Optional[Any] = None  # gloo ProcessGroup; None at world size 1
+    device_group: Any | None = None  # torch ProcessGroup; None at world size 1
+    control_group: Any | None = None  # gloo ProcessGroup; None at world size 1
+    fast_all_reduce: Any | None = None  # SymmMemAllReduce when enabled (CUDA, AIOINFER_TP_SYMM_MEM=1)
 
     @property
     def is_parallel(self) -> bool:
@@ -51,9 +56,11 @@ class TPGroup:
         return total // self.world_size
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum ``x`` over the ranks, in place; returns ``x``."""
+        """Sum ``x`` over the ranks; returns the sum: ``x`` itself, summed in place, or a new tensor."""
         if self.world_size == 1:
             return x
+        if self.fast_all_reduce is not None and self.fast_all_reduce.accepts(x):
+            return self.fast_all_reduce.all_reduce(x)
         import torch.distributed as dist
 
         dist.all_reduce(x, group=self.device_group)
@@ -114,7 +121,10 @@ def init_tp_group(rank: int, world_size: int, init_method: str, device: torch.de
     # NCCL builds its communicator at the first collective; that must not happen inside a CUDA-graph
     # capture, so do one now.
     group.all_reduce(torch.zeros(1, device=device))
-    return group
+    from aioinfer.distributed.symm_all_reduce import SymmMemAllReduce
+
+    # Collective on every device type (None off CUDA), so that the CPU tests run the ranks' vote too.
+    return dataclasses.replace(group, fast_all_reduce=SymmMemAllReduce.create(dist.group.WORLD, control, device))
 
 
 def destroy_tp_group(timeout_s: float = 15.0) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Any
 
 from aioinfer.distributed.worker import FAILED, STARTED, worker_main
 from aioinfer.errors import WorkerProcessError
@@ -57,7 +57,7 @@ class WorkerProcesses:
         if failure is not None:
             raise WorkerProcessError(failure)
 
-    def failure(self, wait_s: float = 0.0) -> Optional[str]:
+    def failure(self, wait_s: float = 0.0) -> str | None:
         """Why the first failed worker failed (its traceback when it sent one), else None.
 
         ``wait_s``: after a collective broke, give a dying worker that long to be seen dead (its
@@ -68,7 +68,7 @@ class WorkerProcesses:
             time.sleep(0.01)
         return found
 
-    def _first_failure(self) -> Optional[str]:
+    def _first_failure(self) -> str | None:
         for rank, process in enumerate(self.processes, start=1):
             failed = [detail for kind, detail in self._read(rank) if kind == FAILED]
             if failed or not process.is_alive():

@@ -33,9 +33,8 @@ def check_shardable(arch, tp_size: int) -> None:
 
 
 def rank_config(config: EngineConfig, device: str) -> EngineConfig:
-    """The config one rank runs with: its own device; steps run one at a time (no async scheduling:
-    the workers replay rank 0's steps in order and never schedule ahead)."""
-    return dataclasses.replace(config, device=device, async_scheduling=False)
+    """The config one rank runs with: the same, on its own device."""
+    return dataclasses.replace(config, device=device)
 
 
 def build_rank_runner(config: EngineConfig, group: TPGroup, tokenizer_loader=None):
@@ -54,8 +53,8 @@ def build_rank_runner(config: EngineConfig, group: TPGroup, tokenizer_loader=Non
     num_blocks = group.min_int(choose_num_blocks(config, spec, loaded.device, loaded.max_model_len))
     config = dataclasses.replace(config, cache=dataclasses.replace(config.cache, num_kv_blocks=num_blocks))
     runner = ModelRunner(config, model, loaded.arch, loaded.device, loaded.dtype, loaded.max_model_len)
-    if loaded.device.type == "cuda" and not config.enforce_eager:
-        if group.min_int(int(runner.graphs is not None)) == 0 and runner.graphs is not None:
-            logger.warning("rank %d: another rank has no CUDA graphs, so decode runs eager here too", group.rank)
-            runner.graphs = None
+    if (loaded.device.type == "cuda" and not config.enforce_eager
+            and group.min_int(int(runner.graphs is not None)) == 0 and runner.graphs is not None):
+        logger.warning("rank %d: another rank has no CUDA graphs, so decode runs eager here too", group.rank)
+        runner.graphs = None
     return loaded, runner

@@ -4,10 +4,18 @@ every step first broadcast to the worker processes.
 EngineCore picks this runner instead of ModelRunner when tensor_parallel_size > 1; the scheduler
 and everything above it never know. Start-up, in order: resolve the model to a local path every
 rank can open; check the split (before any process starts); spawn ranks 1..N-1; join the
-rendezvous (tcp://127.0.0.1:<free port>); broadcast the config; load this rank's shard and agree
-on the KV block count. Each step: check the workers are alive, broadcast the SchedulerOutput over
-the control group, then run it here; every rank samples the same tokens (the logits are gathered
-whole on every rank and the sampling noise is counter-based), and only rank 0's are used.
+rendezvous (tcp://127.0.0.1:<free port>); broadcast the config; open the step channel
+(step_channel.py); load this rank's shard and agree on the KV block count. Each step: check the
+workers are alive, send the SchedulerOutput down the step channel, then run it here.
+
+Async scheduling works as at one rank: the engine may launch step N+1 before it collects step N.
+Each message carries how many launched steps rank 0 has not collected yet, and a worker collects
+its own oldest steps down to that count before it launches, so every rank launches and collects
+in the same order and its per-request state (sampled-token counts, penalty history) matches rank
+0's at every launch. A look-ahead step's input tokens are the previous step's sampled ids, still
+on the device: each rank uses its own, which are rank 0's, because every rank samples the same
+tokens (the hidden states after each all-reduce are the same on every rank, the logits are
+gathered whole, and the sampling noise is counter-based). Only rank 0's tokens leave the engine.
 
 Ranks on other machines: set AIOINFER_TP_INIT_METHOD (e.g. ``env://`` with MASTER_ADDR and
 MASTER_PORT) and rank 0 spawns nothing; it waits for ranks 1..N-1 started with
@@ -23,14 +31,24 @@ import socket
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from aioinfer.config import EngineConfig
-from aioinfer.distributed.group import DEVICE_TIMEOUT_S, TPGroup, destroy_tp_group, init_tp_group
+from aioinfer.distributed.group import (
+    DEVICE_TIMEOUT_S,
+    TPGroup,
+    destroy_tp_group,
+    init_tp_group,
+)
 from aioinfer.distributed.processes import WorkerProcesses
-from aioinfer.distributed.rank_setup import build_rank_runner, check_shardable, rank_config
+from aioinfer.distributed.rank_setup import (
+    build_rank_runner,
+    check_shardable,
+    rank_config,
+)
+from aioinfer.distributed.step_channel import GlooStepChannel, StepSender, open_step_sender
 from aioinfer.errors import TensorParallelError, WorkerProcessError
 
 logger = logging.getLogger(__name__)
@@ -43,7 +61,8 @@ _DEATH_GRACE_S = 5.0  # after a collective broke, how long a dying worker may ta
 class _Resources:
     """What must be released even if the runner is dropped without ``shutdown`` (weakref.finalize)."""
 
-    workers: Optional[WorkerProcesses] = None
+    workers: WorkerProcesses | None = None
+    channel: StepSender | GlooStepChannel | None = None
     group: bool = False  # this process joined a tensor-parallel group
     stopping: bool = False  # the stop sentinel went out: the workers are exiting by themselves
 
@@ -51,7 +70,7 @@ class _Resources:
 @dataclass(slots=True)
 class _Launched:
     inner: Any  # the local ModelRunner's launched step
-    done: Optional[torch.cuda.Event]  # recorded after the step's device work; None on CPU
+    done: torch.cuda.Event | None  # recorded after the step's device work; None on CPU
 
 
 class TensorParallelRunner:
@@ -70,6 +89,7 @@ class TensorParallelRunner:
         self._resources = _Resources()
         self._closer = weakref.finalize(self, _release, self._resources)
         self._cuda = devices[0].startswith("cuda")
+        self._uncollected = 0  # steps launched and not collected yet (the engine collects in launch order)
         try:
             if external is None:
                 init_method = f"tcp://127.0.0.1:{_free_port()}"
@@ -82,6 +102,7 @@ class TensorParallelRunner:
             self.group: TPGroup = init_tp_group(0, size, init_method, torch.device(devices[0]))
             self._resources.group = True
             self.group.broadcast_object(config)
+            self._resources.channel = open_step_sender(self.group, init_method, DEVICE_TIMEOUT_S, self._check_workers)
             self.loaded, self.runner = build_rank_runner(rank_config(config, devices[0]), self.group)
         except BaseException as exc:
             failure = self._failure(wait_s=_grace(exc))
@@ -111,11 +132,12 @@ class TensorParallelRunner:
     def launch(self, scheduler_output) -> _Launched:
         self._check_workers()
         try:
-            self.group.broadcast_object(scheduler_output)
+            self._resources.channel.send((self._uncollected, scheduler_output))
             inner = self.runner.launch(scheduler_output)
         except Exception as exc:
             self._raise_worker_failure(exc)
             raise
+        self._uncollected += 1
         done = None
         if self._cuda:
             done = torch.cuda.Event()
@@ -123,6 +145,7 @@ class TensorParallelRunner:
         return _Launched(inner, done)
 
     def collect(self, launched: _Launched) -> Any:
+        self._uncollected -= 1
         if launched.done is not None:
             self._wait(launched.done)
         try:
@@ -136,9 +159,10 @@ class TensorParallelRunner:
         if not self._closer.alive:
             return
         workers = self._resources.workers
-        if self._resources.group and (workers is None or workers.failure() is None):
+        channel = self._resources.channel
+        if channel is not None and (workers is None or workers.failure() is None):
             try:
-                self.group.broadcast_object(None)
+                channel.send(None)
                 self._resources.stopping = True
             except Exception:  # noqa: BLE001 - a worker died meanwhile; stopping goes on
                 logger.warning("could not send the stop sentinel to the tensor-parallel workers")
@@ -162,7 +186,7 @@ class TensorParallelRunner:
         if self._resources.workers is not None:
             self._resources.workers.check()
 
-    def _failure(self, wait_s: float = 0.0) -> Optional[str]:
+    def _failure(self, wait_s: float = 0.0) -> str | None:
         workers = self._resources.workers
         return workers.failure(wait_s) if workers is not None else None
 
@@ -174,10 +198,13 @@ class TensorParallelRunner:
 
 
 def _grace(exc: BaseException) -> float:
-    """Seconds to wait for a worker's death to show: only a broken collective hints at one."""
+    """Seconds to wait for a worker's death to show: only a broken collective or step channel hints at
+    one (gloo reports a vanished peer as a plain RuntimeError that names gloo's transport)."""
     import torch.distributed as dist
 
-    return _DEATH_GRACE_S if isinstance(exc, dist.DistError) else 0.0
+    broken = isinstance(exc, (dist.DistError, ConnectionError)) or (
+        isinstance(exc, RuntimeError) and "gloo" in str(exc))
+    return _DEATH_GRACE_S if broken else 0.0
 
 
 def _release(resources: _Resources) -> None:
@@ -187,11 +214,14 @@ def _release(resources: _Resources) -> None:
     if resources.workers is not None:
         resources.workers.stop(timeout_s=30.0 if resources.stopping else 0.0)
         resources.workers = None
+    if resources.channel is not None:
+        resources.channel.close()
+        resources.channel = None
     if resources.group:
         resources.group = False
         try:
             destroy_tp_group()
-        except Exception:  # noqa: BLE001 - best effort on the way out
+        except Exception:
             logger.exception("could not destroy the tensor-parallel process group")
 
 

@@ -47,12 +47,9 @@ class EngineCore:
         # Async scheduling: launch step N+1 before waiting for step N's sampled ids, so that the host
         # work between steps overlaps the device work. The default on CUDA (H200: 0.5b batch-1 decode
         # 1.34 -> 1.12 ms/token, 7b workload 1 +10%); off on CPU, where the device is the host.
-        # Off under tensor parallelism: the workers replay steps strictly one after another.
-        wanted = (self.loaded.device.type == "cuda" if config.async_scheduling is None
-                  else config.async_scheduling)
-        self.async_scheduling = wanted and not tensor_parallel
-        if config.async_scheduling and tensor_parallel:
-            logger.warning("async_scheduling is not supported with tensor_parallel_size > 1; it is off")
+        # Tensor parallelism too: the workers launch and collect in rank 0's order (distributed/worker.py).
+        self.async_scheduling = (self.loaded.device.type == "cuda" if config.async_scheduling is None
+                                 else config.async_scheduling)
         self._in_flight = None  # (SchedulerOutput, launched step) not yet collected
 
     def shutdown(self) -> None:

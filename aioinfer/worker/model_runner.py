@@ -17,7 +17,7 @@ from aioinfer.core.scheduler import PLACEHOLDER_TOKEN
 from aioinfer.core.scheduler_output import RunnerOutput, SchedulerOutput, TokenLogprobs
 from aioinfer.sampling_params import SamplingParams
 from aioinfer.core.kv_cache_manager import cdiv
-from aioinfer.worker.cuda_graphs import CudaGraphRunner, graph_buckets
+from aioinfer.worker.cuda_graphs import CudaGraphRunner, graph_buckets, token_buckets
 from aioinfer.worker.input_buffers import InputBuffers
 from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches, choose_num_blocks
 from aioinfer.worker.sampler import Sampler, SamplerOutput
@@ -73,11 +73,18 @@ class ModelRunner:
         self._decode_buckets = graph_buckets(max_bs)
         self._split_policy = getattr(backend, "num_splits_for", None)
         self._splits_by_bucket: dict[int, Optional[int]] = {}
+        self._prefill_split_policy = getattr(backend, "prefill_splits_for", None)
+        self._token_buckets = token_buckets(min(config.max_cuda_graph_prefill_tokens,
+                                                config.scheduler.max_num_batched_tokens))
+        self._prefill_splits_by_bucket: dict[int, Optional[int]] = {}
         self._max_model_len = max_model_len
         self.graphs = None
         if device.type == "cuda" and not config.enforce_eager and getattr(backend, "supports_cuda_graphs", False):
             self.graphs = CudaGraphRunner(model, max_bs, max_blocks_per_seq, max_model_len, device,
-                                          decode_splits=self._decode_splits)
+                                          decode_splits=self._decode_splits,
+                                          max_prefill_tokens=self._token_buckets[-1] if self._token_buckets else 0,
+                                          max_num_seqs=config.scheduler.max_num_seqs,
+                                          prefill_splits=self._prefill_splits)
             try:
                 self.graphs.capture()
             except Exception as exc:  # noqa: BLE001 - e.g. a collective the NCCL build cannot capture
@@ -95,6 +102,15 @@ class ModelRunner:
             self._splits_by_bucket[bucket] = None if self._split_policy is None else self._split_policy(
                 bucket, self.spec.num_kv_heads, self._max_model_len, self.device)
         return self._splits_by_bucket[bucket]
+
+    def _prefill_splits(self, token_bucket: int) -> Optional[int]:
+        """Context-split count of the prefill kernel for steps of this token bucket, eager or graph alike."""
+        if token_bucket not in self._prefill_splits_by_bucket:
+            attn = self.model.attention_layers()[0]  # this rank's heads under tensor parallelism
+            self._prefill_splits_by_bucket[token_bucket] = None if self._prefill_split_policy is None else (
+                self._prefill_split_policy(token_bucket, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                                           self.dtype, self._max_model_len, self.device))
+        return self._prefill_splits_by_bucket[token_bucket]
 
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         """Run one step and wait for its sampled ids (the synchronous path)."""
@@ -127,6 +143,10 @@ class ModelRunner:
             bucket = next((b for b in self._decode_buckets if b >= inputs.attention.num_seqs), None)
             if bucket is not None:
                 inputs.attention.decode_num_splits = self._decode_splits(bucket)
+        else:
+            bucket = next((b for b in self._token_buckets if b >= inputs.attention.num_tokens), None)
+            if bucket is not None:
+                inputs.attention.prefill_num_splits = self._prefill_splits(bucket)
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs)
         else:

@@ -31,7 +31,9 @@ MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost (q load, merge) ou
 PROGRAMS_PER_SM = 4  # grid target of the split heuristic
 
 
-@triton.jit
+# num_splits and the block-table width change between eager steps: not specialised, so that no step
+# triggers a compile (Triton makes a variant per value class: 1, multiple of 16, other).
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_kernel(
     q_ptr,  # [S, Hq, D]
     k_cache_ptr, v_cache_ptr,  # [num_blocks, block_size, Hkv, D]
@@ -105,7 +107,7 @@ def _decode_kernel(
                  o.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _merge_kernel(
     out_ptr,  # [S, Hq, D]
     part_acc_ptr,  # [S, Hq, num_splits, D] fp32
@@ -191,17 +193,10 @@ def paged_decode(
         return out
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, query.device)
-    if not (isinstance(num_splits, int) and 1 <= num_splits <= 256):
-        raise ValueError(f"num_splits must be an int in 1..256, got {num_splits}")
-
     group = num_heads // num_kv_heads
     cfg = config or decode_config(head_dim, query.dtype)
+    part_acc, part_ml = split_partials(out, num_splits)  # checks num_splits
     split = num_splits > 1
-    if split:
-        part_acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
-        part_ml = torch.empty(num_seqs, num_heads, num_splits, 2, dtype=torch.float32, device=query.device)
-    else:
-        part_acc = part_ml = out  # unused
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key_cache, value_cache, out, part_acc, part_ml, block_tables, seq_lens,
         scale * LOG2E, num_splits,
@@ -214,11 +209,30 @@ def paged_decode(
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if split:
-        _merge_kernel[(num_seqs, num_heads)](
-            out, part_acc, part_ml, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, SPLITS_PAD=next_pow2(num_splits), num_warps=4 if head_dim >= 128 else 2,
-        )
+        merge_splits(out, part_acc, part_ml, num_splits)
     return out
+
+
+def split_partials(out: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 partial results of a split run for ``out`` [rows, Hq, D]: (acc [rows, Hq, splits, D],
+    (max, sum) [rows, Hq, splits, 2]); ``out`` itself as an unused placeholder when not split."""
+    if not (isinstance(num_splits, int) and 1 <= num_splits <= 256):
+        raise ValueError(f"num_splits must be an int in 1..256, got {num_splits}")
+    if num_splits == 1:
+        return out, out
+    rows, num_heads, head_dim = out.shape
+    return (torch.empty(rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=out.device),
+            torch.empty(rows, num_heads, num_splits, 2, dtype=torch.float32, device=out.device))
+
+
+def merge_splits(out: torch.Tensor, part_acc: torch.Tensor, part_ml: torch.Tensor, num_splits: int) -> None:
+    """out[r, h] = the softmax-weighted combination of the ``num_splits`` partials of row r, head h
+    (rows are sequences for decode, query tokens for a split prefill)."""
+    rows, num_heads, head_dim = out.shape
+    _merge_kernel[(rows, num_heads)](
+        out, part_acc, part_ml, num_splits, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, SPLITS_PAD=next_pow2(num_splits), num_warps=4 if head_dim >= 128 else 2,
+    )
 
 
 def paged_decode_reference(query, key_cache, value_cache, block_tables, seq_lens, scale) -> torch.Tensor:

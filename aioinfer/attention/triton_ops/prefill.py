@@ -9,6 +9,12 @@ Programs are numbered over all sequences' query blocks without host help: sequen
 ids ``qsl[i] // BLOCK_Q + i`` .. ``qsl[i+1] // BLOCK_Q + i`` (a binary search over query_start_loc
 finds it), so the grid is ``num_tokens // BLOCK_Q + num_seqs`` programs per kv head; the few that
 fall past a sequence's last query exit at once.
+
+A short chunk over a long cached context (a prefix-cache hit: 32 new tokens after 4096 cached ones)
+makes only a dozen programs, each walking the whole context alone, on a GPU of 132 SMs. Such steps
+split the context as the decode kernel does ("flash-decoding"): a third grid axis of ``num_splits``
+programs each take a near-equal run of key tiles and write unnormalised partials that the decode
+kernel's merge combines. The split count is a Python int chosen from the step's host metadata.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import triton.language as tl
 from aioinfer.attention.triton_ops._checks import (
     check_int_vector, check_paged_query, interpreting, next_pow2,
 )
+from aioinfer.attention.triton_ops.decode import choose_num_splits, merge_splits, split_partials
 
 LOG2E = 1.4426950408889634
 _INTERPRET = interpreting()  # fixed when the kernels below are decorated, as triton decides it
@@ -82,21 +89,27 @@ def _attend_tile(q, m, l, acc, q_pos, tok0, kv_end, bt_row, k_cache_ptr, v_cache
     return m_new, l, acc
 
 
-@triton.jit
+# Triton compiles a variant per value class (1, multiple of 16, other) of every int argument it
+# specialises; these change from step to step, and a compile in the middle of serving costs ~0.5 s.
+@triton.jit(do_not_specialize=["num_seqs", "num_splits", "stride_bt"])
 def _prefill_kernel(
     q_ptr,  # [T, Hq, D]
     k_cache_ptr, v_cache_ptr,  # [num_blocks, block_size, Hkv, D]
-    out_ptr,  # [T, Hq, D]
+    out_ptr,  # [T, Hq, D] (used when not SPLIT)
+    part_acc_ptr,  # [T, Hq, num_splits, D] fp32 (used when SPLIT)
+    part_ml_ptr,  # [T, Hq, num_splits, 2] fp32: running max (log2 domain) and sum
     block_tables_ptr,  # [S, max_blocks] int32
     seq_lens_ptr,  # [S] int32
     qsl_ptr,  # [S + 1] int32
     scale_log2,
     num_seqs,
+    num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch,
     stride_bt,
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // G_PAD
     pid = tl.program_id(0)
@@ -131,19 +144,34 @@ def _prefill_kernel(
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     # Tiles wholly at or before the block's first query position need no mask at all.
     num_full = (ctx_len + qb * BLOCK_Q + 1) // TILE_N
-    for t in range(0, num_full):
+    tile_lo = 0
+    tile_hi = tl.cdiv(kv_end, TILE_N)
+    if SPLIT:
+        split = tl.program_id(2)
+        per_split = tl.cdiv(tile_hi, num_splits)
+        tile_lo = split * per_split
+        tile_hi = tl.minimum(tile_lo + per_split, tile_hi)
+    for t in range(tile_lo, tl.minimum(num_full, tile_hi)):
         m, l, acc = _attend_tile(q, m, l, acc, q_pos, t * TILE_N, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
                                  kvh, scale_log2, stride_cb, stride_cs, stride_ch, HEAD_DIM, BLOCK_SIZE, TILE_N,
                                  PRECISION, UPCAST, False)
-    for t in range(num_full, tl.cdiv(kv_end, TILE_N)):
+    for t in range(tl.maximum(num_full, tile_lo), tile_hi):
         m, l, acc = _attend_tile(q, m, l, acc, q_pos, t * TILE_N, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
                                  kvh, scale_log2, stride_cb, stride_cs, stride_ch, HEAD_DIM, BLOCK_SIZE, TILE_N,
                                  PRECISION, UPCAST, True)
 
-    l = tl.where(l > 0.0, l, 1.0)
-    o = acc / l[:, None]
-    tl.store(out_ptr + q_tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+    if SPLIT:
+        # The decode kernel's partial layout with tokens for sequences: [T, Hq, num_splits, ...]. An
+        # empty split (past kv_end) stores m = -inf, l = 0, which the merge weighs as nothing.
+        prow = (q_tok * (G * tl.num_programs(1)) + head) * num_splits + split
+        tl.store(part_acc_ptr + prow[:, None] * HEAD_DIM + d[None, :], acc, mask=row_mask[:, None])
+        tl.store(part_ml_ptr + prow * 2, m, mask=row_mask)
+        tl.store(part_ml_ptr + prow * 2 + 1, l, mask=row_mask)
+    else:
+        l = tl.where(l > 0.0, l, 1.0)
+        o = acc / l[:, None]
+        tl.store(out_ptr + q_tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
 
 
 def prefill_config(head_dim: int, dtype: torch.dtype, group_pad: int) -> dict:
@@ -163,6 +191,14 @@ def prefill_config(head_dim: int, dtype: torch.dtype, group_pad: int) -> dict:
     return cfg
 
 
+def prefill_programs_per_kv_head(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                                 dtype: torch.dtype, config: Optional[dict] = None) -> int:
+    """The first grid axis of :func:`paged_prefill` (query blocks, plus one per sequence for ragged ends)."""
+    group_pad = next_pow2(num_heads // num_kv_heads)
+    cfg = config or prefill_config(head_dim, dtype, group_pad)
+    return num_tokens // (cfg["BLOCK_M"] // group_pad) + num_seqs
+
+
 def paged_prefill(
     query: torch.Tensor,  # [T, Hq, D]
     key_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
@@ -174,6 +210,8 @@ def paged_prefill(
     scale: float,
     out: Optional[torch.Tensor] = None,  # [T, Hq, D], query dtype
     config: Optional[dict] = None,  # BLOCK_M / TILE_N / num_warps / num_stages override (benchmarks)
+    max_seq_len: Optional[int] = None,  # host bound on seq_lens; lets a small grid split the context
+    num_splits: Optional[int] = None,  # fix it; None = heuristic from max_seq_len (1 without it)
 ) -> torch.Tensor:
     """Causal attention of ragged query chunks over their paged contexts. Returns [T, Hq, D]."""
     block_size, num_kv_heads, head_dim = check_paged_query(query, key_cache, value_cache, block_tables, seq_lens, "T")
@@ -190,19 +228,26 @@ def paged_prefill(
     group = num_heads // num_kv_heads
     group_pad = next_pow2(group)
     cfg = dict(config) if config else prefill_config(head_dim, query.dtype, group_pad)
-    block_q = cfg["BLOCK_M"] // group_pad
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
-    _prefill_kernel[grid](
-        query, key_cache, value_cache, out, block_tables, seq_lens, query_start_loc,
-        scale * LOG2E, num_seqs,
+    programs_per_kv_head = prefill_programs_per_kv_head(num_tokens, num_seqs, num_heads, num_kv_heads, head_dim,
+                                                        query.dtype, cfg)
+    if num_splits is None:
+        num_splits = (1 if max_seq_len is None
+                      else choose_num_splits(programs_per_kv_head, num_kv_heads, max_seq_len, query.device))
+    part_acc, part_ml = split_partials(out, num_splits)  # checks num_splits
+    split = num_splits > 1
+    _prefill_kernel[(programs_per_kv_head, num_kv_heads, num_splits)](
+        query, key_cache, value_cache, out, part_acc, part_ml, block_tables, seq_lens, query_start_loc,
+        scale * LOG2E, num_seqs, num_splits,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0),
         G=group, G_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=cfg["BLOCK_M"], TILE_N=cfg["TILE_N"], PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        UPCAST=query.dtype == torch.bfloat16 and _INTERPRET,
+        UPCAST=query.dtype == torch.bfloat16 and _INTERPRET, SPLIT=split,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
+    if split:
+        merge_splits(out, part_acc, part_ml, num_splits)
     return out
 
 

@@ -162,6 +162,24 @@ async def test_step_loop_failure_reaches_every_request(model_dir):
 
 
 @pytest.mark.anyio
+async def test_a_broken_result_hand_over_kills_the_engine_instead_of_hanging(model_dir, monkeypatch):
+    """The GPU thread cannot reach the loop through the bridge (as with an anyio whose backend
+    lacked run_sync_soon): its failure still reaches every consumer, directly."""
+    from aioinfer.engine.loop_bridge import LoopBridge
+
+    def broken(self):
+        raise AttributeError("no way to schedule on this loop")
+
+    async with Engine(model_dir, **OPTIONS) as engine:  # the warm-up step still goes through
+        monkeypatch.setattr(LoopBridge, "_schedule_drain", broken)
+        with anyio.fail_after(30):
+            with pytest.raises(EngineDeadError):
+                await collect(engine.generate(PROMPTS[0], GREEDY))
+        assert engine.is_dead
+    assert not engine._loop.thread.is_alive()
+
+
+@pytest.mark.anyio
 async def test_embedded_in_a_host_task_group_exits_cleanly(model_dir, anyio_backend):
     threads_before = {t.ident for t in threading.enumerate()}
     async with anyio.create_task_group() as host:

@@ -2,7 +2,8 @@
 
 Structure (DESIGN.md's data flow): the step loop runs on one dedicated GPU thread; this object's
 task group owns it (a task awaits the thread's end, so it is joined on exit). Requests reach the
-thread through its inbox; each step's results come back through ``anyio.from_thread`` into
+thread through its inbox; each step's results come back through a ``LoopBridge`` (queued, run on
+the loop in order, the GPU thread waiting only when several steps are unprocessed) into
 ``_on_step_result``, which detokenizes and hands every request its delta through a bounded
 per-request stream. The GPU thread never waits for a consumer.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import time
 import uuid
 from typing import Any, AsyncIterator, Optional, Sequence, Union
@@ -24,6 +24,7 @@ import anyio.to_thread
 from aioinfer.config import EngineConfig
 from aioinfer.engine.delta import GenerationDelta
 from aioinfer.engine.input_processor import InputProcessor
+from aioinfer.engine.loop_bridge import LoopBridge
 from aioinfer.engine.output_processor import OutputProcessor
 from aioinfer.engine.request_channel import RequestChannel
 from aioinfer.engine.stats import EngineObserver, RequestStats, StepStats
@@ -80,6 +81,7 @@ class Engine:
 
         self._core = None  # the EngineCore; built and used on the GPU thread only
         self._loop: Optional[StepLoop] = None
+        self._bridge: Optional[LoopBridge] = None
         self._task_group: Optional[anyio.abc.TaskGroup] = None
         self._channels: dict[str, RequestChannel] = {}
         self._outputs: Optional[OutputProcessor] = None
@@ -104,11 +106,18 @@ class Engine:
             load_result.extend([core, error])
             anyio.from_thread.run_sync(loaded.set, token=token)
 
+        self._bridge = bridge = LoopBridge(token, on_error=self._on_delivery_error)
+
+        def report_dead(exc: BaseException) -> None:  # GPU thread
+            # After every result queued before it; directly if the bridge itself is what broke.
+            if not bridge.call(self._on_dead, exc):
+                anyio.from_thread.run_sync(self._on_dead, exc, token=token)
+
         self._loop = StepLoop(
             make_core=self._make_core,
-            deliver=lambda result: anyio.from_thread.run_sync(self._on_step_result, result, token=token),
+            deliver=lambda result: bridge.call(self._on_step_result, result),
             on_loaded=on_loaded,
-            on_dead=lambda exc: anyio.from_thread.run_sync(self._on_dead, exc, token=token),
+            on_dead=report_dead,
             fault_inject_step=self._fault_inject_step,
         )
         self._task_group = anyio.create_task_group()
@@ -131,12 +140,16 @@ class Engine:
         except BaseException:
             await self._shutdown()
             await self._task_group.__aexit__(None, None, None)
+            self._bridge.close()
             raise
         return self
 
     async def __aexit__(self, *exc_info) -> Optional[bool]:
         await self._shutdown()
-        return await self._task_group.__aexit__(*exc_info)
+        try:
+            return await self._task_group.__aexit__(*exc_info)
+        finally:
+            self._bridge.close()  # the GPU thread has ended: nothing more to hand over
 
     def _make_core(self):
         from aioinfer.engine.engine_core import EngineCore
@@ -275,16 +288,23 @@ class Engine:
 
     async def _iterate(self, channel: RequestChannel, deadline: Optional[float]) -> AsyncIterator[GenerationDelta]:
         finished = False
+        receive = channel.receive
         try:
             while True:
-                with anyio.CancelScope(deadline=math.inf if deadline is None else deadline) as scope:
-                    try:
-                        item = await channel.receive.receive()
-                    except anyio.EndOfStream:
-                        item = None
-                if scope.cancelled_caught:
+                if deadline is not None and anyio.current_time() >= deadline:
                     channel.abort_cause = "deadline"
                     raise RequestDeadlineExceeded(f"request {channel.request_id} passed its deadline")
+                # Take what is buffered without a checkpoint; wait only on an empty stream. Everything
+                # buffered is merged into one delta: a consumer that fell behind (a busy loop, a slow
+                # client) catches up in one wake-up instead of one per step.
+                try:
+                    item = receive.receive_nowait()
+                except anyio.WouldBlock:
+                    item = await self._next_delta(channel, deadline)
+                except anyio.EndOfStream:
+                    item = None
+                if item is not None and not item.finished:
+                    item = _merge_buffered(receive, item)
                 channel.last_read = time.monotonic()
                 channel.flush()
                 if item is None:
@@ -299,6 +319,22 @@ class Engine:
                 # Cancelled, broken out of, or past its deadline: free its KV at the next step boundary.
                 self._abort_channel(channel, channel.abort_cause or "client", notify=False)
             channel.receive.close()
+
+    async def _next_delta(self, channel: RequestChannel, deadline: Optional[float]) -> Optional[GenerationDelta]:
+        """Wait for the next delta (None: the stream ended); raises RequestDeadlineExceeded past ``deadline``."""
+        if deadline is None:
+            try:
+                return await channel.receive.receive()
+            except anyio.EndOfStream:
+                return None
+        with anyio.CancelScope(deadline=deadline):
+            try:
+                return await channel.receive.receive()
+            except anyio.EndOfStream:
+                return None
+        # Only the deadline ends the scope without a return (an outer cancellation propagates).
+        channel.abort_cause = "deadline"
+        raise RequestDeadlineExceeded(f"request {channel.request_id} passed its deadline")
 
     # ------------------------------------------------------------------ event-loop side of the bridge
 
@@ -328,6 +364,12 @@ class Engine:
             self._last_step = result.stats
             for observer in self.observers:
                 _call_observer(observer.on_step, result.stats)
+
+    def _on_delivery_error(self, error: BaseException) -> None:
+        """A step's results could not be delivered: requests may have lost tokens, so the engine is dead."""
+        if self._dead is None:
+            self._on_dead(error)
+            self._loop.submit(Stop())
 
     def _on_dead(self, error: BaseException) -> None:
         self._dead = error
@@ -418,6 +460,16 @@ class Engine:
         )
         for observer in self.observers:
             _call_observer(observer.on_request_done, stats)
+
+
+def _merge_buffered(receive, first: GenerationDelta) -> GenerationDelta:
+    """Fold every delta already buffered behind ``first`` into it (up to the final one)."""
+    while not first.finished:
+        try:
+            first.merge(receive.receive_nowait())
+        except (anyio.WouldBlock, anyio.EndOfStream):
+            break
+    return first
 
 
 def _call_observer(method, *args) -> None:

@@ -84,6 +84,7 @@ class CudaGraphRunner:
                  max_prefill_tokens: int = 0, max_num_seqs: int = 1,
                  prefill_splits: Optional[Callable[[int], Optional[int]]] = None) -> None:
         self.model = model
+        self.device = device
         self.decode_splits = decode_splits  # batch-size bucket -> split-K count (shared with eager steps)
         self.prefill_splits = prefill_splits or (lambda _tokens: None)  # token bucket -> context splits
         self.buckets = graph_buckets(max_batch_size)
@@ -138,6 +139,10 @@ class CudaGraphRunner:
     @torch.inference_mode()
     def capture(self) -> None:
         pool = torch.cuda.graph_pool_handle()
+        # torch.cuda.graph's default capture stream is one per process, made on whichever device was
+        # current at the first capture: a second data-parallel replica (cuda:1) would capture on
+        # cuda:0's stream, and Triton then sees foreign pointers. Each runner brings its own.
+        self._capture_stream = torch.cuda.Stream(device=self.device)
         buf = self.inputs
         # Largest first, token graphs (the biggest activations) before decode: later graphs reuse the memory.
         for num_tokens in reversed(self.token_buckets):
@@ -162,7 +167,7 @@ class CudaGraphRunner:
             self.model(buf.input_ids[:num_tokens], buf.positions[:num_tokens])
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool), forward_context(metadata):
+        with torch.cuda.graph(graph, pool=pool, stream=self._capture_stream), forward_context(metadata):
             hidden = self.model(buf.input_ids[:num_tokens], buf.positions[:num_tokens])
         return graph, hidden
 

@@ -1,0 +1,99 @@
+"""The async engine's host ceiling: tokens per second through the real scheduler, GPU thread, result
+hand-over and per-request streams, with a runner that "computes" each step in a fixed sleep (CPU).
+
+    python -m benchmarks.host_ceiling --streams 256 --tokens 200 --step-ms 5
+
+The model runner is replaced in this process by one that samples token 7 for every sampling request
+after ``--step-ms`` of sleep (the GIL released, like a GPU wait), so the figure is what the host can
+deliver when the device is never the limit: ``streams / step`` tok/s would be ideal. All requests
+are consumed concurrently on one event loop, as ``dp_throughput`` and the HTTP server do. Reports
+tok/s, the event-loop thread's CPU time per token, and tokens per consumer wake-up (> 1 when
+consumers fall behind and take merged deltas).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from benchmarks.common import SHAPES, dump, environment, format_table, write_dummy_model
+
+
+def _install_null_runner(step_s: float) -> None:
+    from aioinfer.core.scheduler_output import RunnerOutput
+    from aioinfer.worker.model_runner import ModelRunner
+
+    def launch(self, scheduler_output):
+        return [item.request_id for item in scheduler_output.scheduled if item.samples]
+
+    def collect(self, request_ids):
+        time.sleep(step_s)
+        return RunnerOutput(sampled_request_ids=request_ids, sampled_token_ids=[7] * len(request_ids))
+
+    ModelRunner.launch = launch
+    ModelRunner.collect = collect
+
+
+async def _run(folder: str, streams: int, tokens: int, prompt_len: int) -> dict[str, Any]:
+    import anyio
+
+    from aioinfer import Engine, SamplingParams
+
+    async with Engine(folder, load_format="dummy", device="cpu", dtype="float32", max_num_seqs=max(streams, 1),
+                      max_num_batched_tokens=8192, max_waiting_requests=streams + 16,
+                      num_kv_blocks=streams * ((prompt_len + tokens) // 16 + 2) + 64, block_size=16) as engine:
+        rng = random.Random(0)
+        got, wakes = [0], [0]
+
+        async def one() -> None:
+            prompt = [rng.randrange(1, 400) for _ in range(prompt_len)]
+            params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0)
+            async for delta in engine.generate(prompt, params):
+                got[0] += len(delta.token_ids)
+                wakes[0] += 1
+
+        cpu0, t0 = time.thread_time(), time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(streams):
+                tg.start_soon(one)
+        seconds, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
+    return {"tokens": got[0], "seconds": seconds, "tok_per_s": got[0] / seconds,
+            "loop_cpu_us_per_token": 1e6 * cpu / got[0], "tokens_per_wake": got[0] / wakes[0]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--streams", type=int, default=256)
+    p.add_argument("--tokens", type=int, default=200, help="output tokens per stream")
+    p.add_argument("--prompt-len", type=int, default=100)
+    p.add_argument("--step-ms", type=float, default=5.0, help="the null runner's time per step")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+
+    import anyio
+
+    _install_null_runner(args.step_ms / 1e3)
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = str(write_dummy_model(SHAPES["tiny"], tmp))
+        for _ in range(args.repeats):
+            runs.append(anyio.run(_run, folder, args.streams, args.tokens, args.prompt_len))
+    ideal = args.streams / (args.step_ms / 1e3)
+    best = max(runs, key=lambda r: r["tok_per_s"])
+    median = statistics.median(r["tok_per_s"] for r in runs)
+    dump(args.out, {"benchmark": "host_ceiling", "environment": environment(), "argv": vars(args),
+                    "ideal_tok_per_s": ideal, "runs": runs, "median_tok_per_s": median})
+    print(format_table(["streams", "tokens each", "step ms", "ideal tok/s", "tok/s (median)", "tok/s per run",
+                        "loop CPU us/token (best run)", "tokens per wake (best run)"],
+                       [[args.streams, args.tokens, args.step_ms, ideal, median,
+                         ", ".join(f"{r['tok_per_s']:,.0f}" for r in runs), best["loop_cpu_us_per_token"],
+                         best["tokens_per_wake"]]]))
+
+
+if __name__ == "__main__":
+    main()

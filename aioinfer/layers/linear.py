@@ -10,7 +10,8 @@ each stacked projection (q/k/v by heads, gate and up by halves) and needs no com
 row-parallel layer after it keeps 1/tp of the input columns and sums the partial products over
 the ranks (one all-reduce per attention block and one per MLP). Loaders always receive the full
 checkpoint tensor and cut this rank's part out of it. At world size 1 every layer is a plain
-``F.linear``.
+``F.linear``, except a one-row fp16/bf16 input on CUDA (batch-1 decode), which runs the Triton
+kernel of triton_ops/small_batch_linear.py: cuBLAS leaves ~10% of the bandwidth unused there.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from aioinfer.distributed.group import SINGLE, TPGroup
+from aioinfer.layers.triton_ops import fused_ops  # imports no triton; fused_ops() does, on first CUDA call
+
+# Rows up to which fp16/bf16 products on CUDA use the small-batch kernel. Measured to win at 1 row
+# (benchmarks/gemv_sweep.py); float32 stays on cuBLAS (the exactness tests compare it with HF).
+SMALL_BATCH_ROWS = 1
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -29,6 +35,16 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
     if param.shape != loaded.shape:
         raise ValueError(f"shape mismatch: parameter {tuple(param.shape)} vs checkpoint {tuple(loaded.shape)}")
     param.data.copy_(loaded)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``F.linear``, or the small-batch kernel for a one-row half-precision input on CUDA."""
+    if (x.is_cuda and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS and x.dtype in (torch.float16, torch.bfloat16)
+            and x.dtype == weight.dtype):
+        ops = fused_ops()
+        if ops is not None:
+            return ops.small_batch_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 class Linear(nn.Module):
@@ -43,7 +59,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [T, in] -> [T, out]
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class MergedLinear(Linear):
@@ -120,5 +136,5 @@ class RowParallelLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [T, in/tp] -> [T, out]
         if not self.tp.is_parallel:
-            return F.linear(x, self.weight, self.bias)
-        return self.tp.all_reduce(F.linear(x, self.weight, self.bias if self.tp.rank == 0 else None))
+            return linear(x, self.weight, self.bias)
+        return self.tp.all_reduce(linear(x, self.weight, self.bias if self.tp.rank == 0 else None))

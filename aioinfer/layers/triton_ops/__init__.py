@@ -1,4 +1,5 @@
-"""Fused Triton kernels for the per-layer elementwise work (RMSNorm with residual add, rotary, SiLU-and-mul).
+"""Fused Triton kernels for the per-layer elementwise work (RMSNorm with residual add, rotary, SiLU-and-mul)
+and the batch-1 linear layers.
 
 Importing this package does NOT import triton: the kernel modules (``rms_norm``, ``rotary``, ...) do,
 and the layers reach them only through :func:`fused_ops`, only for CUDA tensors. CPU paths never
@@ -27,9 +28,10 @@ def fused_ops() -> Optional[SimpleNamespace]:
         from aioinfer.layers.triton_ops.rms_norm import fused_add_rms_norm, rms_norm
         from aioinfer.layers.triton_ops.rotary import apply_rotary_inplace
         from aioinfer.layers.triton_ops.silu_and_mul import silu_and_mul
+        from aioinfer.layers.triton_ops.small_batch_linear import small_batch_linear
     except ImportError:
         return None
     return SimpleNamespace(
         rms_norm=rms_norm, fused_add_rms_norm=fused_add_rms_norm, apply_rotary_inplace=apply_rotary_inplace,
-        silu_and_mul=silu_and_mul,
+        silu_and_mul=silu_and_mul, small_batch_linear=small_batch_linear,
     )

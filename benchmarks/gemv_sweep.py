@@ -73,7 +73,7 @@ def sweep(shape, tps, rows: int, configs) -> list[dict[str, Any]]:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             calls = max(copies, 32)
             cublas = _graph_time_us(lambda i: F.linear(x, ws[i % copies]), calls)
-            row = {"tp": tp, "proj": name, "N": n, "K": k, "MB": nbytes / 1e6, "cublas_us": cublas,
+            row = {"rows": rows, "tp": tp, "proj": name, "N": n, "K": k, "MB": nbytes / 1e6, "cublas_us": cublas,
                    "cublas_TBps": nbytes / cublas / 1e6, "configs": {}}
             for cfg in configs:
                 try:
@@ -86,7 +86,7 @@ def sweep(shape, tps, rows: int, configs) -> list[dict[str, Any]]:
             best = min(timed, key=timed.get)
             row.update(best=best, best_us=timed[best], best_TBps=nbytes / timed[best] / 1e6,
                        default=str(default_config(rows, n, k)), default_us=timed.get(str(default_config(rows, n, k))))
-            print(f"tp={tp} {name:8s} N={n:6d} K={k:6d} cuBLAS {cublas:7.2f} us ({row['cublas_TBps']:.2f} TB/s)  "
+            print(f"rows={rows} tp={tp} {name:8s} N={n:6d} K={k:6d} cuBLAS {cublas:7.2f} us ({row['cublas_TBps']:.2f} TB/s)  "
                   f"best {best} {timed[best]:7.2f} us ({row['best_TBps']:.2f} TB/s)  default {row['default_us']}",
                   flush=True)
             out.append(row)
@@ -149,9 +149,10 @@ def main() -> None:
     p.add_argument("--rows", default="1,2,4,8")
     p.add_argument("--tp", default="1,2", help="tensor-parallel sizes whose per-rank shapes to time")
     p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--sweep-rows", default="1", help="input rows of the config sweep, comma separated")
     p.add_argument("--configs", default="1,1024,1;1,2048,1;2,1024,1;2,1024,2;2,2048,1;2,2048,2;4,1024,1;4,1024,2;"
                    "4,2048,2;4,2048,4;8,512,2;8,1024,2;16,512,2;4,4096,4;2,4096,2",
-                   help="BLOCK_N,BLOCK_K,num_warps;... for the sweep")
+                   help="BLOCK_N,BLOCK_K,num_warps[,1 = tensor cores];... for the sweep")
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
@@ -160,15 +161,17 @@ def main() -> None:
     rows = [int(x) for x in args.rows.split(",")]
     copy = measure_copy_bandwidth()
     print(f"copy bandwidth {copy / 1e12:.2f} TB/s", flush=True)
-    configs = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(";") if c]
-    sweeps = [] if args.no_sweep else sweep(shape, tps, 1, configs)
+    configs = [tuple(int(v) for v in c.split(","))[:3] + tuple(bool(int(v)) for v in c.split(",")[3:])
+               for c in args.configs.split(";") if c]
+    sweeps = [] if args.no_sweep else [
+        row for r in (int(x) for x in args.sweep_rows.split(",")) for row in sweep(shape, tps, r, configs)]
     stacks = [layer_stack(shape, tp, r, {}) for tp in tps for r in rows]
     dump(args.out, {"benchmark": "gemv_sweep", "model": args.model, "environment": environment(),
                     "copy_bytes_per_s": copy, "sweep_rows1": sweeps, "layer_stack": stacks, "argv": vars(args)})
     if sweeps:
-        print(format_table(["tp", "proj", "N", "K", "cuBLAS us", "cuBLAS TB/s", "best config", "best us", "best TB/s",
+        print(format_table(["rows", "tp", "proj", "N", "K", "cuBLAS us", "cuBLAS TB/s", "best config", "best us", "best TB/s",
                             "default us"],
-                           [[s["tp"], s["proj"], s["N"], s["K"], s["cublas_us"], s["cublas_TBps"], s["best"], s["best_us"],
+                           [[s["rows"], s["tp"], s["proj"], s["N"], s["K"], s["cublas_us"], s["cublas_TBps"], s["best"], s["best_us"],
                              s["best_TBps"], s["default_us"]] for s in sweeps]))
     print(format_table(["tp", "rows", "cuBLAS us/layer", "kernel us/layer", "kernel/cuBLAS", "cuBLAS TB/s",
                         "kernel TB/s"],

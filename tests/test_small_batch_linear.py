@@ -60,6 +60,13 @@ def test_interpreter(dtype, m, bias):
     _check(dtype, m, n=37, k=300, bias=bias, config=(4, 128, 4))
 
 
+@interp
+@pytest.mark.parametrize("m", [1, 5])
+def test_interpreter_tensor_core_variant(m):
+    # fp32 only: the interpreter's tl.dot mishandles bf16 operands (attention/triton_ops/_checks.py).
+    _check(torch.float32, m, n=37, k=300, bias=True, config=(16, 64, 4, True))
+
+
 def test_rejects_what_it_cannot_compute():
     w = torch.zeros(8, 16, device=DEV)
     with pytest.raises(ValueError, match="at most"):
@@ -78,15 +85,19 @@ def test_rejects_what_it_cannot_compute():
 @pytest.mark.parametrize("m", [1, 2, 5, 8])
 @pytest.mark.parametrize("shape", [(4608, 3584), (3584, 3584), (3584, 18944), (1152, 896), (896, 4864), (100, 130)],
                          ids=["7b-qkv", "7b-o", "7b-down", "05b-qkv", "05b-down", "odd"])
-def test_gpu(dtype, m, shape):
+@pytest.mark.parametrize("variant", ["default", "cuda-cores", "tensor-cores"])
+def test_gpu(dtype, m, shape, variant):
     n, k = shape
-    _check(dtype, m, n, k, bias=n % 2 == 0)
+    config = {"default": None, "cuda-cores": (4, 2048 if m <= 2 else 512, 4, False),
+              "tensor-cores": (16, 256, 4, True)}[variant]
+    _check(dtype, m, n, k, bias=n % 2 == 0, config=config)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-def test_linear_layers_dispatch_one_row_to_the_kernel(monkeypatch):
-    """A 1-row bf16 input goes through the kernel, more rows and float32 through F.linear; same results."""
+def test_linear_layers_dispatch_small_batches_to_the_kernel(monkeypatch):
+    """1 row: the kernel; 2-8 rows: the kernel only for wide weights (out >= 4 x in); more rows and
+    float32: F.linear. Results agree with F.linear either way."""
     from aioinfer.layers import linear as linear_mod
     from aioinfer.layers.linear import Linear
     from aioinfer.layers.triton_ops import fused_ops
@@ -94,15 +105,18 @@ def test_linear_layers_dispatch_one_row_to_the_kernel(monkeypatch):
     calls = []
     real = sbl.small_batch_linear
     monkeypatch.setattr(fused_ops(), "small_batch_linear",
-                        lambda *a, **kw: calls.append(tuple(a[0].shape)) or real(*a, **kw))
-    layer = Linear(256, 96, bias=True).to("cuda", torch.bfloat16)
-    torch.nn.init.normal_(layer.weight, std=0.05)
-    torch.nn.init.normal_(layer.bias)
-    for rows in (1, 2):
-        x = torch.randn(rows, 256, device="cuda", dtype=torch.bfloat16)
-        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias),
-                                   rtol=1.6e-2, atol=1e-2)
-    layer32 = Linear(256, 96).to("cuda")
-    layer32(torch.randn(1, 256, device="cuda"))
-    assert calls == [(1, 256)], calls
-    assert linear_mod.SMALL_BATCH_ROWS == 1
+                        lambda *a, **kw: calls.append((tuple(a[0].shape), tuple(a[1].shape))) or real(*a, **kw))
+    narrow = Linear(256, 96, bias=True).to("cuda", torch.bfloat16)
+    wide = Linear(128, 1024).to("cuda", torch.bfloat16)
+    for layer in (narrow, wide):
+        torch.nn.init.normal_(layer.weight, std=0.05)
+        if layer.bias is not None:
+            torch.nn.init.normal_(layer.bias)
+        for rows in (1, 2, 8, 9):
+            x = torch.randn(rows, layer.in_features, device="cuda", dtype=torch.bfloat16)
+            torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias),
+                                       rtol=1.6e-2, atol=1e-2)
+    Linear(256, 96).to("cuda")(torch.randn(1, 256, device="cuda"))  # float32: cuBLAS
+    assert calls == [((1, 256), (96, 256)), ((1, 128), (1024, 128)), ((2, 128), (1024, 128)),
+                     ((8, 128), (1024, 128))], calls
+    assert (linear_mod.SMALL_BATCH_ROWS, linear_mod.WIDE_BATCH_ROWS) == (1, 8)

@@ -10,8 +10,9 @@ each stacked projection (q/k/v by heads, gate and up by halves) and needs no com
 row-parallel layer after it keeps 1/tp of the input columns and sums the partial products over
 the ranks (one all-reduce per attention block and one per MLP). Loaders always receive the full
 checkpoint tensor and cut this rank's part out of it. At world size 1 every layer is a plain
-``F.linear``, except a one-row fp16/bf16 input on CUDA (batch-1 decode), which runs the Triton
-kernel of triton_ops/small_batch_linear.py: cuBLAS leaves ~10% of the bandwidth unused there.
+``F.linear``, except small-batch fp16/bf16 products on CUDA (decode at batch 1, and at up to 8 for
+wide projections such as gate_up), which run the Triton kernel of triton_ops/small_batch_linear.py:
+cuBLAS leaves ~10% of the bandwidth unused there.
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ from torch import nn
 from aioinfer.distributed.group import SINGLE, TPGroup
 from aioinfer.layers.triton_ops import fused_ops  # imports no triton; fused_ops() does, on first CUDA call
 
-# Rows up to which fp16/bf16 products on CUDA use the small-batch kernel. Measured to win at 1 row
-# (benchmarks/gemv_sweep.py); float32 stays on cuBLAS (the exactness tests compare it with HF).
+# Rows up to which fp16/bf16 products on CUDA use the small-batch kernel (benchmarks/gemv_sweep.py on
+# the H200): every projection at 1 row; at 2-8 rows only wide ones (out >= 4 x in: gate_up), where
+# the kernel beat cuBLAS by ~8%, while cuBLAS tied or won on qkv, o and down. float32 stays on
+# cuBLAS (the exactness tests compare it with HF).
 SMALL_BATCH_ROWS = 1
+WIDE_BATCH_ROWS = 8
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -38,9 +42,10 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``F.linear``, or the small-batch kernel for a one-row half-precision input on CUDA."""
-    if (x.is_cuda and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS and x.dtype in (torch.float16, torch.bfloat16)
-            and x.dtype == weight.dtype):
+    """``F.linear``, or the small-batch kernel for a few-row half-precision input on CUDA."""
+    rows = x.shape[0]
+    if (x.is_cuda and x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16) and x.dtype == weight.dtype
+            and (rows <= SMALL_BATCH_ROWS or (rows <= WIDE_BATCH_ROWS and weight.shape[0] >= 4 * weight.shape[1]))):
         ops = fused_ops()
         if ops is not None:
             return ops.small_batch_linear(x, weight, bias)

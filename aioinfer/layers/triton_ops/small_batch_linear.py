@@ -1,11 +1,13 @@
-"""``y = x @ W^T (+ b)`` for a few rows (decode at batch 1) as one Triton kernel.
+"""``y = x @ W^T (+ b)`` for a few rows (decode at batch 1-8) as one Triton kernel.
 
 Why: at batch 1 a decode step is weight reads, and cuBLAS' kernels for these skinny products left
 bandwidth unused on the H200: per layer of qwen2.5-7b, 135 us of cuBLAS against 120 us for this
 kernel (gate_up 71.7 -> 64.1 us = 4.24 TB/s, down 41.0 -> 36.4, o_proj 11.5 -> 9.1 with no split-K
 reduce kernel; benchmarks/gemv_sweep.py, results in docs/performance.md). Each program streams
 BLOCK_N whole weight rows once (no split-K, so no second kernel) in BLOCK_K-wide chunks and keeps
-the input row in L1/L2.
+the input row in L1/L2. At 2-8 rows cuBLAS stays ahead except on wide projections (gate_up: 64
+against 70 us), so the layers use the kernel for every projection at 1 row and for wide ones
+(out >= 4 x in) up to 8 rows.
 
 Tried and dropped: folding the RMSNorm (+ residual add) or SiLU-and-mul in front of the product into
 this kernel's input read. Every program then recomputes the prologue over the whole input, and
@@ -26,7 +28,7 @@ import triton.language as tl
 
 from aioinfer.layers.triton_ops._checks import check_float, next_pow2
 
-MAX_ROWS = 8  # rows the kernel takes; the layers use it only where it was measured to win (1 row)
+MAX_ROWS = 8  # rows the kernel takes; the layers use it only where it was measured to win (layers/linear.py)
 
 
 @triton.jit
@@ -34,6 +36,7 @@ def _small_batch_linear_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr,
     M, N, K, stride_x, stride_w, stride_o,
     HAS_BIAS: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = tl.arange(0, M_PAD)
@@ -49,24 +52,30 @@ def _small_batch_linear_kernel(
                     other=0.0, eviction_policy="evict_first")
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=row_mask[:, None] & col_mask[None, :],
                     other=0.0)
-        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        if USE_DOT:  # tensor cores; M_PAD >= 16 rows (the padding rows are zeros)
+            acc += tl.dot(x, tl.trans(w), input_precision="ieee" if x.dtype == tl.float32 else "tf32")
+        else:  # CUDA cores: a broadcast product, for 1-2 rows
+            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     out_mask = row_mask[:, None] & n_mask[None, :]
     tl.store(out_ptr + rows[:, None] * stride_o + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def default_config(m: int, n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps). H200 sweep at 1 row over the 7b projections at tensor-parallel
-    sizes 1 and 2 (benchmarks/gemv_sweep.py): few rows per program, long chunks; (4, 2048, 4) was
-    within ~1 us of the best config on every shape."""
-    return (4, 2048, 4) if m <= 2 else (4, 512, 4)
+def default_config(m: int, n: int, k: int) -> tuple[int, int, int, bool]:
+    """(BLOCK_N, BLOCK_K, num_warps, use tensor cores), from H200 sweeps over the 7b projections at
+    tensor-parallel sizes 1 and 2 (benchmarks/gemv_sweep.py). One row: CUDA cores, few rows per
+    program, long chunks; (4, 2048, 4) was within ~1 us of the best config on every shape. 2-8
+    rows: the broadcast product spills, tensor cores on 32-row tiles stream best (gate_up 64 us
+    against cuBLAS' 70 at tp 1, 33 against 37 at tp 2)."""
+    return (4, 2048, 4, False) if m == 1 else (32, 128, 4, True)
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
-                       config: Optional[tuple[int, int, int]] = None) -> torch.Tensor:
+                       config: Optional[tuple] = None) -> torch.Tensor:
     """``x @ weight^T + bias`` for x [M <= MAX_ROWS, K] (rows may be strided); weight [N, K] with
-    contiguous rows, bias [N] or None, all one dtype. Returns a new [M, N] tensor."""
+    contiguous rows, bias [N] or None, all one dtype. Returns a new [M, N] tensor. ``config``:
+    (BLOCK_N, BLOCK_K, num_warps[, use_dot]), for benchmarks; None = :func:`default_config`."""
     check_float(x, "x", x.dtype, x.device)
     check_float(weight, "weight", x.dtype, x.device)
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
@@ -82,10 +91,12 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    block_n, block_k, num_warps = config or default_config(m, n, k)
+    block_n, block_k, num_warps, use_dot = (*(config or default_config(m, n, k)), False)[:4]
+    m_pad = max(16, next_pow2(m)) if use_dot else next_pow2(m)
     _small_batch_linear_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else weight, out,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, M_PAD=next_pow2(m), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
+        HAS_BIAS=bias is not None, M_PAD=m_pad, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot,
+        num_warps=num_warps,
     )
     return out

@@ -40,6 +40,8 @@ def main() -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--no-uvloop", action="store_true", help="plain asyncio even where uvloop is installed")
+    p.add_argument("--no-stream", action="store_true",
+                   help="generate(stream=False): one merged delta per request (as non-streaming HTTP requests)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per size's child process")
     p.add_argument("--out", default=None, help="JSON results")
     p.add_argument("--child-dp", type=int, default=None, help=argparse.SUPPRESS)
@@ -78,6 +80,8 @@ def main() -> None:
                     cmd += ["--" + flag.replace("_", "-"), getattr(args, flag)]
             if args.no_uvloop:
                 cmd.append("--no-uvloop")
+            if args.no_stream:
+                cmd.append("--no-stream")
             results[size] = run_child(cmd, args.timeout)
             print(f"dp={size}: {results[size]}", flush=True)
 
@@ -133,7 +137,7 @@ def run_size(args, device: str, requests) -> dict[str, Any]:
             pass
     result = anyio.run(_run_size, args, device, requests, backend="asyncio",
                        backend_options={"use_uvloop": use_uvloop})
-    result["loop"] = "uvloop" if use_uvloop else "asyncio"
+    result["loop"] = ("uvloop" if use_uvloop else "asyncio") + (", stream=False" if args.no_stream else ", streaming")
     return result
 
 
@@ -180,7 +184,8 @@ async def _run_size(args, device: str, requests) -> dict[str, Any]:
 
         async def one(i, r) -> None:
             params = SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.0)
-            async for delta in engine.generate(r.prompt, params, request_id=f"{tag}{i}", cache_salt=salt):
+            async for delta in engine.generate(r.prompt, params, request_id=f"{tag}{i}", cache_salt=salt,
+                                               stream=not args.no_stream):
                 got[0] += len(delta.token_ids)
 
         async with anyio.create_task_group() as tg:

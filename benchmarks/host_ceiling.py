@@ -2,6 +2,7 @@
 hand-over and per-request streams, with a runner that "computes" each step in a fixed sleep (CPU).
 
     python -m benchmarks.host_ceiling --streams 256 --tokens 200 --step-ms 5
+    python -m benchmarks.host_ceiling --streams 256 --tokens 200 --step-ms 5 --data-parallel-size 2 --no-stream
 
 The model runner is replaced in this process by one that samples token 7 for every sampling request
 after ``--step-ms`` of sleep (the GIL released, like a GPU wait), so the figure is what the host can
@@ -14,11 +15,12 @@ consumers fall behind and take merged deltas).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import random
 import statistics
 import tempfile
 import time
-from typing import Any
+from typing import Any, Optional
 
 from benchmarks.common import SHAPES, dump, environment, format_table, write_dummy_model
 
@@ -38,29 +40,43 @@ def _install_null_runner(step_s: float) -> None:
     ModelRunner.collect = collect
 
 
-async def _run(folder: str, streams: int, tokens: int, prompt_len: int) -> dict[str, Any]:
+async def _run(folder: str, streams: int, tokens: int, prompt_len: int, dp: int, stream: bool,
+               profile: Optional[str]) -> dict[str, Any]:
     import anyio
 
-    from aioinfer import Engine, SamplingParams
+    from aioinfer import DataParallelEngine, Engine, SamplingParams
 
-    async with Engine(folder, load_format="dummy", device="cpu", dtype="float32", max_num_seqs=max(streams, 1),
-                      max_num_batched_tokens=8192, max_waiting_requests=streams + 16,
-                      num_kv_blocks=streams * ((prompt_len + tokens) // 16 + 2) + 64, block_size=16) as engine:
+    options = dict(load_format="dummy", device="cpu", dtype="float32", max_num_seqs=max(streams, 1),
+                   max_num_batched_tokens=8192, max_waiting_requests=streams + 16,
+                   num_kv_blocks=streams * ((prompt_len + tokens) // 16 + 2) + 64, block_size=16)
+    if dp > 1:
+        engine_cm = DataParallelEngine(folder, data_parallel_size=dp, **options)
+    else:
+        engine_cm = Engine(folder, **options)
+    async with engine_cm as engine:
         rng = random.Random(0)
         got, wakes = [0], [0]
+        # Only when asked: the default command line also runs against an engine without the option.
+        extra = {} if stream else {"stream": False}
 
         async def one() -> None:
             prompt = [rng.randrange(1, 400) for _ in range(prompt_len)]
             params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0)
-            async for delta in engine.generate(prompt, params):
+            async for delta in engine.generate(prompt, params, **extra):
                 got[0] += len(delta.token_ids)
                 wakes[0] += 1
 
+        profiler = cProfile.Profile() if profile else None
+        if profiler is not None:
+            profiler.enable()  # this thread only: the event loop's
         cpu0, t0 = time.thread_time(), time.perf_counter()
         async with anyio.create_task_group() as tg:
             for _ in range(streams):
                 tg.start_soon(one)
         seconds, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
     return {"tokens": got[0], "seconds": seconds, "tok_per_s": got[0] / seconds,
             "loop_cpu_us_per_token": 1e6 * cpu / got[0], "tokens_per_wake": got[0] / wakes[0]}
 
@@ -72,6 +88,9 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=100)
     p.add_argument("--step-ms", type=float, default=5.0, help="the null runner's time per step")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--data-parallel-size", type=int, default=1, help="replicas (DataParallelEngine when > 1)")
+    p.add_argument("--no-stream", action="store_true", help="final-only delivery: generate(..., stream=False)")
+    p.add_argument("--profile", default=None, help="write a cProfile of the event-loop thread (first run) here")
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
@@ -81,16 +100,18 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = str(write_dummy_model(SHAPES["tiny"], tmp))
-        for _ in range(args.repeats):
-            runs.append(anyio.run(_run, folder, args.streams, args.tokens, args.prompt_len))
+        for i in range(args.repeats):
+            runs.append(anyio.run(_run, folder, args.streams, args.tokens, args.prompt_len, args.data_parallel_size,
+                                  not args.no_stream, args.profile if i == 0 else None))
     ideal = args.streams / (args.step_ms / 1e3)
     best = max(runs, key=lambda r: r["tok_per_s"])
     median = statistics.median(r["tok_per_s"] for r in runs)
     dump(args.out, {"benchmark": "host_ceiling", "environment": environment(), "argv": vars(args),
                     "ideal_tok_per_s": ideal, "runs": runs, "median_tok_per_s": median})
-    print(format_table(["streams", "tokens each", "step ms", "ideal tok/s", "tok/s (median)", "tok/s per run",
-                        "loop CPU us/token (best run)", "tokens per wake (best run)"],
-                       [[args.streams, args.tokens, args.step_ms, ideal, median,
+    print(format_table(["replicas", "delivery", "streams", "tokens each", "step ms", "ideal tok/s", "tok/s (median)",
+                        "tok/s per run", "loop CPU us/token (best run)", "tokens per wake (best run)"],
+                       [[args.data_parallel_size, "final only" if args.no_stream else "stream", args.streams,
+                         args.tokens, args.step_ms, ideal, median,
                          ", ".join(f"{r['tok_per_s']:,.0f}" for r in runs), best["loop_cpu_us_per_token"],
                          best["tokens_per_wake"]]]))
 

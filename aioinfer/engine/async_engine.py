@@ -5,7 +5,12 @@ task group owns it (a task awaits the thread's end, so it is joined on exit). Re
 thread through its inbox; each step's results come back through a ``LoopBridge`` (queued, run on
 the loop in order, the GPU thread waiting only when several steps are unprocessed) into
 ``_on_step_result``, which detokenizes and hands every request its delta through a bounded
-per-request stream. The GPU thread never waits for a consumer.
+per-request stream (``RequestChannel``). The GPU thread never waits for a consumer.
+
+Everything on the loop is paid per token for every stream (and, under data parallelism, for every
+replica's streams on one loop), so the per-token path avoids what it can: one clock read per step,
+no per-token dicts, a consumer that waits on a plain event instead of the stream's ``receive()``,
+and, for ``stream=False``, no consumer wake-up at all until the request ends.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from aioinfer.engine.delta import GenerationDelta
 from aioinfer.engine.input_processor import InputProcessor
 from aioinfer.engine.loop_bridge import LoopBridge
 from aioinfer.engine.output_processor import OutputProcessor
-from aioinfer.engine.request_channel import RequestChannel
+from aioinfer.engine.request_channel import RequestChannel, event_factory
 from aioinfer.engine.stats import EngineObserver, RequestStats, StepStats
 from aioinfer.engine.step_loop import AddRequest, FinishRequests, StepLoop, StepResult, Stop
 from aioinfer.errors import (
@@ -93,12 +98,14 @@ class Engine:
         self._dead: Optional[BaseException] = None
         self._ready = False
         self._last_step: Optional[StepStats] = None
+        self._new_event = anyio.Event  # one-shot wake-up events; the running backend's cheapest (__aenter__)
         self.counters = {"aborted_slow_consumer": 0, "rejected_overloaded": 0, "finished": 0, "aborted": 0}
 
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> "Engine":
         token = anyio.lowlevel.current_token()
+        self._new_event = event_factory()
         loaded = anyio.Event()
         load_result: list = []
 
@@ -233,8 +240,13 @@ class Engine:
         priority: int = 0,  # lower runs first (FCFS within a priority, aged: see core/request_queue.py)
         deadline: Optional[float] = None,  # anyio clock time (anyio.current_time()) after which it is aborted
         cache_salt: Optional[str] = None,  # prefix-cache isolation: only requests with equal salts share blocks
+        stream: bool = True,  # False: one merged delta when the request ends (vLLM's FINAL_ONLY)
     ) -> AsyncIterator[GenerationDelta]:
         """Validate and admit a request now; returns the async iterator of its deltas.
+
+        With ``stream=False`` the iterator yields exactly one delta, the merge of every delta a
+        streaming request would have yielded (or raises the error / ends with the abort as then);
+        its consumer is not woken before that, which is what a non-streaming HTTP response wants.
 
         Raises at once: ValueError (bad input, too long), EngineOverloaded, EngineDeadError, EngineNotReady.
         Leaving the iteration early (break, cancellation, deadline) aborts the request.
@@ -256,7 +268,7 @@ class Engine:
                                             cache_salt=cache_salt)
         self._core.scheduler.check_fits(request.num_prompt_tokens, request.max_tokens)  # immutable limits
         self._admit(len(prompt_ids))
-        channel = RequestChannel.open(request_id, len(prompt_ids), self.stream_buffer_size)
+        channel = RequestChannel.open(request_id, len(prompt_ids), self.stream_buffer_size, final_only=not stream)
         self._channels[request_id] = channel
         self._waiting_requests += 1
         self._waiting_tokens += len(prompt_ids)
@@ -288,29 +300,27 @@ class Engine:
 
     async def _iterate(self, channel: RequestChannel, deadline: Optional[float]) -> AsyncIterator[GenerationDelta]:
         finished = False
-        receive = channel.receive
+        new_event = self._new_event
         try:
             while True:
                 if deadline is not None and anyio.current_time() >= deadline:
                     channel.abort_cause = "deadline"
                     raise RequestDeadlineExceeded(f"request {channel.request_id} passed its deadline")
-                # Take what is buffered without a checkpoint; wait only on an empty stream. Everything
-                # buffered is merged into one delta: a consumer that fell behind (a busy loop, a slow
-                # client) catches up in one wake-up instead of one per step.
-                try:
-                    item = receive.receive_nowait()
-                except anyio.WouldBlock:
-                    item = await self._next_delta(channel, deadline)
-                except anyio.EndOfStream:
-                    item = None
-                if item is not None and not item.finished:
-                    item = _merge_buffered(receive, item)
-                channel.last_read = time.monotonic()
-                channel.flush()
-                if item is None:
-                    finished = True
-                    raise channel.error or EngineDeadError("the request's stream ended without a result")
-                finished = item.finished
+                if not channel.queued:
+                    if channel.closed:  # ended without a final delta: failed, or aborted without notice
+                        finished = True
+                        raise channel.error or EngineDeadError("the request's stream ended without a result")
+                    # Wait for the producer's next send or close; take nothing before checking again.
+                    waiter = channel.waiter = new_event()
+                    if deadline is None:
+                        await waiter.wait()
+                    else:
+                        await self._wait_until(channel, waiter, deadline)
+                    continue
+                # Everything buffered, merged into one delta, without a checkpoint: a consumer that fell
+                # behind (a busy loop, a slow client) catches up in one wake-up instead of one per step.
+                item = channel.take()
+                finished = item.finish_reason is not None
                 yield item
                 if finished:
                     return
@@ -320,18 +330,12 @@ class Engine:
                 self._abort_channel(channel, channel.abort_cause or "client", notify=False)
             channel.receive.close()
 
-    async def _next_delta(self, channel: RequestChannel, deadline: Optional[float]) -> Optional[GenerationDelta]:
-        """Wait for the next delta (None: the stream ended); raises RequestDeadlineExceeded past ``deadline``."""
-        if deadline is None:
-            try:
-                return await channel.receive.receive()
-            except anyio.EndOfStream:
-                return None
+    @staticmethod
+    async def _wait_until(channel: RequestChannel, waiter, deadline: float) -> None:
+        """Wait for ``waiter``; raises RequestDeadlineExceeded past ``deadline``."""
         with anyio.CancelScope(deadline=deadline):
-            try:
-                return await channel.receive.receive()
-            except anyio.EndOfStream:
-                return None
+            await waiter.wait()
+            return
         # Only the deadline ends the scope without a return (an outer cancellation propagates).
         channel.abort_cause = "deadline"
         raise RequestDeadlineExceeded(f"request {channel.request_id} passed its deadline")
@@ -348,17 +352,23 @@ class Engine:
             if channel is not None and channel.scheduled_at is None:
                 channel.scheduled_at = result.step_start
                 self._leave_admission(channel)
-        deltas, stopped_by_string = self._outputs.process(result.outputs)
+        outputs = result.outputs
+        deltas, stopped_by_string = self._outputs.process(outputs)
         if stopped_by_string:
             self._loop.submit(FinishRequests(tuple(stopped_by_string), RequestStatus.FINISHED_STOPPED))
-        preemptions = {o.request_id: o.num_preemptions for o in result.outputs}
+        channels = self._channels
+        for out in outputs:
+            if out.num_preemptions:  # cumulative per request; rare, so no per-token lookup otherwise
+                channel = channels.get(out.request_id)
+                if channel is not None:
+                    channel.num_preemptions = out.num_preemptions
+        now = time.monotonic()  # one clock read for the step: every delta in it arrived together
         for delta in deltas:
-            channel = self._channels.get(delta.request_id)
+            channel = channels.get(delta.request_id)
             if channel is None:
                 continue
-            channel.num_preemptions = preemptions.get(delta.request_id, channel.num_preemptions)
-            channel.deliver(delta)
-            if delta.finished:
+            channel.deliver(delta, now)
+            if delta.finish_reason is not None:
                 self._end_channel(channel, "finished", finish_reason=delta.finish_reason)
         if result.stats is not None:
             self._last_step = result.stats
@@ -429,7 +439,7 @@ class Engine:
             self._loop.submit(FinishRequests((channel.request_id,)))
         final = self._outputs.abort(channel.request_id) if notify and error is None else None
         if final is not None:
-            channel.deliver(final)
+            channel.deliver(final, time.monotonic())
         self._end_channel(channel, "aborted", finish_reason="abort", error=error)
 
     def _end_channel(self, channel: RequestChannel, status: str, finish_reason: Optional[str] = None,
@@ -460,16 +470,6 @@ class Engine:
         )
         for observer in self.observers:
             _call_observer(observer.on_request_done, stats)
-
-
-def _merge_buffered(receive, first: GenerationDelta) -> GenerationDelta:
-    """Fold every delta already buffered behind ``first`` into it (up to the final one)."""
-    while not first.finished:
-        try:
-            first.merge(receive.receive_nowait())
-        except (anyio.WouldBlock, anyio.EndOfStream):
-            break
-    return first
 
 
 def _call_observer(method, *args) -> None:

@@ -184,8 +184,10 @@ class DataParallelEngine:
 
     def generate(self, prompt: Prompt, sampling_params: Optional[SamplingParams] = None, *,
                  request_id: Optional[str] = None, priority: int = 0,
-                 deadline: Optional[float] = None, cache_salt: Optional[str] = None) -> AsyncIterator[GenerationDelta]:
-        """As ``Engine.generate``; the request runs on one replica from start to end."""
+                 deadline: Optional[float] = None, cache_salt: Optional[str] = None,
+                 stream: bool = True) -> AsyncIterator[GenerationDelta]:
+        """As ``Engine.generate`` (``stream=False``: one merged final delta); the request runs on one
+        replica from start to end."""
         self._check_open()
         if request_id is None:
             request_id = f"req-{uuid.uuid4().hex}"
@@ -199,8 +201,8 @@ class DataParallelEngine:
         if route is None:
             self._refuse()
         replica = self._replicas[route.replica]
-        stream = replica.generate(prompt_ids, sampling_params, request_id=request_id, priority=priority,
-                                  deadline=deadline, cache_salt=cache_salt)  # raises on bad input first
+        deltas = replica.generate(prompt_ids, sampling_params, request_id=request_id, priority=priority,
+                                  deadline=deadline, cache_salt=cache_salt, stream=stream)  # raises on bad input first
         max_tokens = replica.max_model_len - len(prompt_ids)
         if sampling_params is not None and sampling_params.max_tokens is not None:
             max_tokens = sampling_params.max_tokens
@@ -214,7 +216,7 @@ class DataParallelEngine:
             on_routed = getattr(observer, "on_routed", None)
             if on_routed is not None:
                 _safe(on_routed, route.replica, route.by_affinity)
-        return self._follow(request_id, stream)
+        return self._follow(request_id, deltas)
 
     async def abort(self, request_id: str) -> None:
         """Abort a request on whichever replica runs it (unknown or ended ids are ignored)."""
@@ -224,13 +226,17 @@ class DataParallelEngine:
 
     async def _follow(self, request_id: str, stream: AsyncIterator[GenerationDelta]) -> AsyncIterator[GenerationDelta]:
         # The replica's stream does the work (cancellation, deadlines, errors); this only tracks load.
+        # Per token on the shared event loop: while the output still left exceeds the router's
+        # estimate the load does not change, and such deltas cost no router call.
+        open_requests, router = self._open, self.router
         try:
             async for delta in stream:
-                request = self._open.get(request_id)
+                request = open_requests.get(request_id)
                 if request is not None:  # the first delta comes after the prompt was computed
-                    load = self.router.outstanding_tokens(0, request.max_tokens - delta.num_output_tokens)
-                    self.router.adjust(request.replica, load - request.load)
-                    request.load = load
+                    load = router.outstanding_tokens(0, request.max_tokens - delta.num_output_tokens)
+                    if load != request.load:
+                        router.adjust(request.replica, load - request.load)
+                        request.load = load
                 yield delta
         finally:
             await stream.aclose()  # leaving early aborts it now, not when the stream is collected

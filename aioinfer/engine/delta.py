@@ -35,3 +35,51 @@ class GenerationDelta:
         self.stop_reason = later.stop_reason
         self.num_output_tokens = later.num_output_tokens
         self.num_cached_tokens = later.num_cached_tokens
+
+
+class DeltaMerger:
+    """Folds a run of deltas into one in linear time, for where many pile up: a non-streaming
+    request's whole output, a slow consumer's overflow, a consumer's backlog. (``merge`` copies
+    the lists and text on every call, quadratic over a long run.)"""
+
+    __slots__ = ("_first", "_last", "_token_ids", "_texts", "_logprobs")
+
+    def __init__(self, first: GenerationDelta) -> None:
+        self._first = self._last = first
+        # Copies: a delta's lists may be the core's own (never extend them in place).
+        self._token_ids = list(first.token_ids)
+        self._texts = [first.text]
+        self._logprobs = None if first.logprobs is None else list(first.logprobs)
+
+    @property
+    def finished(self) -> bool:
+        return self._last.finish_reason is not None
+
+    def add(self, later: GenerationDelta) -> None:
+        self._last = later
+        self._token_ids += later.token_ids
+        if later.text:
+            self._texts.append(later.text)
+        if later.logprobs is not None:
+            if self._logprobs is None:
+                self._logprobs = list(later.logprobs)
+            else:
+                self._logprobs += later.logprobs
+
+    def result(self) -> GenerationDelta:
+        """The merged delta (equal to ``first.merge(d)`` for every later ``d``, in order)."""
+        first, last = self._first, self._last
+        if first is last:
+            return first
+        return GenerationDelta(
+            request_id=first.request_id,
+            token_ids=self._token_ids,
+            text="".join(self._texts),
+            logprobs=self._logprobs,
+            finish_reason=last.finish_reason,
+            stop_reason=last.stop_reason,
+            num_prompt_tokens=first.num_prompt_tokens,
+            num_output_tokens=last.num_output_tokens,
+            num_cached_tokens=last.num_cached_tokens,
+            prompt_token_ids=first.prompt_token_ids,
+        )

@@ -61,7 +61,8 @@ class OutputProcessor:
                 continue  # steps already in flight after a stop string: drop their tokens
             state.token_ids.extend(out.new_token_ids)
             state.num_cached_tokens = out.num_cached_tokens
-            new_logprobs = self._logprobs(state, out.new_token_ids, out.new_logprobs)
+            new_logprobs = (None if state.logprobs is None
+                            else self._logprobs(state, out.new_token_ids, out.new_logprobs))
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
             new_text = ""
             if state.text is not None:
@@ -78,17 +79,11 @@ class OutputProcessor:
                         finish_reason, stop_reason = "stop", state.text.stop_reason
             state.pieces.append(new_text)
             state.finish_reason, state.stop_reason = finish_reason, stop_reason
+            # Positional (GenerationDelta's field order): one of these per token, on the event loop.
             deltas.append(GenerationDelta(
-                request_id=out.request_id,
-                token_ids=out.new_token_ids,
-                text=new_text,
-                logprobs=new_logprobs,
-                finish_reason=finish_reason,
-                stop_reason=stop_reason,
-                num_prompt_tokens=len(state.prompt_token_ids),
-                num_output_tokens=len(state.token_ids),
-                num_cached_tokens=state.num_cached_tokens,
-                prompt_token_ids=state.prompt_token_ids,
+                out.request_id, out.new_token_ids, new_text, new_logprobs, finish_reason, stop_reason,
+                len(state.prompt_token_ids), len(state.token_ids), state.num_cached_tokens,
+                state.prompt_token_ids,
             ))
         return deltas, stopped_by_string
 

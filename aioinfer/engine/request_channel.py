@@ -1,21 +1,31 @@
-"""Per-request delivery: a bounded memory-object stream plus one merged overflow slot.
+"""Per-request delivery: a bounded memory-object stream, one merged overflow slot and a wake-up event.
 
 The producer (the engine's dispatcher, on the event loop) never waits: when the stream's buffer
 is full, new deltas are merged into ``pending`` instead of being dropped, and ``pending`` moves
 into the stream as soon as the consumer makes room. A consumer that leaves ``pending`` waiting
 for longer than the stall limit is cut off by the engine.
+
+The consumer does not park in the stream's ``receive()``: with hundreds of streams that one call
+was half of the event loop's time per token (a checkpoint, a task-info record and an event per
+call). It takes buffered deltas with ``receive_nowait`` (``queued`` says how many, so an empty
+stream costs no exception) and, when there are none, waits on ``waiter``, a plain event that the
+producer sets when it sends or closes. The stream stays the bounded buffer and the close signal.
+
+Final-only delivery (``final_only``, vLLM's ``RequestOutputKind.FINAL_ONLY``): every delta is
+merged into ``pending`` and nothing is sent, so the consumer sleeps until the request ends and then
+wakes once for the one merged delta.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from aioinfer.engine.delta import GenerationDelta
+from aioinfer.engine.delta import DeltaMerger, GenerationDelta
 
 
 @dataclass(slots=True, eq=False)
@@ -25,12 +35,14 @@ class RequestChannel:
     send: MemoryObjectSendStream
     receive: MemoryObjectReceiveStream
     arrival: float  # time.monotonic() when accepted
-    pending: Optional[GenerationDelta] = None  # merged deltas the buffer had no room for
+    final_only: bool = False  # deliver one merged delta when the request ends (non-streaming)
+    queued: int = 0  # deltas in the stream's buffer, not yet taken by the consumer
+    pending: Optional[DeltaMerger] = None  # merged deltas the buffer had no room for (final-only: all so far)
+    waiter: Any = None  # an anyio Event the consumer waits on while ``queued`` is 0; set once, then dropped
     error: Optional[BaseException] = None  # raised to the consumer once the buffer is drained
     closed: bool = False  # no more deltas will come (finished, aborted or failed)
     waiting_admission: bool = True  # counted against the admission bounds until its first step
-    last_read: float = 0.0  # time.monotonic() of the consumer's last receive
-    overflow_since: Optional[float] = None  # when pending was first needed (stall detection)
+    overflow_since: Optional[float] = None  # time.monotonic() when pending was first needed (stall detection)
     # timings for RequestStats
     scheduled_at: Optional[float] = None
     first_token_at: Optional[float] = None
@@ -42,17 +54,17 @@ class RequestChannel:
     abort_cause: Optional[str] = None
 
     @classmethod
-    def open(cls, request_id: str, num_prompt_tokens: int, buffer_size: int) -> "RequestChannel":
+    def open(cls, request_id: str, num_prompt_tokens: int, buffer_size: int,
+             final_only: bool = False) -> "RequestChannel":
         send, receive = anyio.create_memory_object_stream[object](max_buffer_size=buffer_size)
-        now = time.monotonic()
         return cls(request_id=request_id, num_prompt_tokens=num_prompt_tokens, send=send, receive=receive,
-                   arrival=now, last_read=now)
+                   arrival=time.monotonic(), final_only=final_only)
 
-    def deliver(self, delta: GenerationDelta) -> None:
-        """Never blocks: appends to the stream, or merges into ``pending`` when the buffer is full."""
+    def deliver(self, delta: GenerationDelta, now: float) -> None:
+        """Never blocks: appends to the stream, or merges into ``pending`` when the buffer is full
+        (or, final-only, until the request ends). ``now``: time.monotonic(), once per step."""
         if self.closed:
             return
-        now = time.monotonic()
         if delta.token_ids:
             if self.first_token_at is None:
                 self.first_token_at = now
@@ -61,29 +73,55 @@ class RequestChannel:
             self.last_token_at = now
         self.num_output_tokens = delta.num_output_tokens
         self.num_cached_tokens = delta.num_cached_tokens
-        if self.pending is not None:
-            self.pending.merge(delta)
+        pending = self.pending
+        if pending is not None:
+            pending.add(delta)
+            if self.final_only and delta.finish_reason is not None:
+                self.flush()
+        elif self.final_only and delta.finish_reason is None:
+            self.pending = DeltaMerger(delta)
         else:
             try:
                 self.send.send_nowait(delta)
             except anyio.WouldBlock:
-                self.pending = delta
+                self.pending = DeltaMerger(delta)
                 self.overflow_since = now
-        if delta.finished:
+            else:
+                self.queued += 1
+                self._wake()
+        if delta.finish_reason is not None:
             self._close_when_drained()
 
+    def take(self) -> GenerationDelta:
+        """The consumer's read (``queued`` > 0): every buffered delta, merged into one; then
+        ``pending`` moves into the room this made."""
+        count, self.queued = self.queued, 0
+        receive_nowait = self.receive.receive_nowait
+        item = receive_nowait()
+        if count > 1:  # a consumer that fell behind catches up in one wake-up instead of one per step
+            merger = DeltaMerger(item)
+            for _ in range(count - 1):
+                merger.add(receive_nowait())
+            item = merger.result()
+        if self.pending is not None:
+            self.flush()
+        return item
+
     def flush(self) -> None:
-        """Move ``pending`` into the stream if there is room now (called after each consumer read)."""
-        if self.pending is None:
+        """Move ``pending`` into the stream if there is room now (final-only: once it is final)."""
+        pending = self.pending
+        if pending is None or (self.final_only and not pending.finished):
             return
         try:
-            self.send.send_nowait(self.pending)
+            self.send.send_nowait(pending.result())
         except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
             return
+        self.queued += 1
         self.pending = None
         self.overflow_since = None
         if self.closed:
             self.send.close()
+        self._wake()
 
     def fail(self, error: BaseException) -> None:
         """End the stream with an error (after what is already buffered)."""
@@ -92,14 +130,68 @@ class RequestChannel:
         self.pending = None
         self.closed = True
         self.send.close()
+        self._wake()
 
     def stalled_for(self, now: float) -> float:
-        """Seconds the consumer has left merged deltas waiting without reading anything."""
+        """Seconds the consumer has left merged deltas waiting without reading anything (every read
+        makes room and moves ``pending`` into the stream, so the clock starts at the overflow)."""
         if self.pending is None or self.overflow_since is None:
             return 0.0
-        return now - max(self.overflow_since, self.last_read)
+        return now - self.overflow_since
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            waiter.set()
 
     def _close_when_drained(self) -> None:
         self.closed = True
         if self.pending is None:
             self.send.close()
+        self._wake()
+
+
+def event_factory() -> Callable[[], Any]:
+    """A maker of one-shot wake-up events (``set()``, ``await wait()``) for the running loop (call on it).
+
+    The consumer makes one per wait, so this is on the per-token path. On asyncio it is a bare
+    future: ``anyio.Event`` wraps an ``asyncio.Event`` that wraps a future (two more coroutine frames
+    per wake-up) and looks the backend up on every construction. Cancellation is unchanged: anyio's
+    cancel scopes cancel the task, which cancels the awaited future. Elsewhere (trio) an anyio Event.
+    """
+    import asyncio
+
+    import anyio.lowlevel
+
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return anyio.Event  # trio
+    current_token = getattr(anyio.lowlevel, "current_token", None)  # anyio >= 4.11
+    token = current_token() if current_token is not None else loop
+    if getattr(token, "native_token", token) is not loop:  # e.g. trio in guest mode on an asyncio loop
+        return anyio.Event
+    create_future = loop.create_future
+
+    def make() -> _FutureEvent:
+        return _FutureEvent(create_future())
+
+    return make
+
+
+class _FutureEvent:
+    __slots__ = ("_future",)
+
+    def __init__(self, future) -> None:
+        self._future = future
+
+    def set(self) -> None:
+        if not self._future.done():  # a cancelled wait leaves a cancelled future behind
+            self._future.set_result(None)
+
+    def is_set(self) -> bool:
+        return self._future.done() and not self._future.cancelled()
+
+    def wait(self):
+        return self._future  # awaitable: ``await event.wait()``

@@ -1,5 +1,9 @@
 """One HTTP request = several engine requests (prompts x n); their deltas merged by choice index.
 
+A non-streaming HTTP request admits its engine requests with ``stream=False``: the engine wakes
+its consumer once, with the whole merged output, instead of once per step (the response is built
+from that one delta per choice, exactly as from the merged stream).
+
 Every engine request is admitted up front, synchronously, so that a bad prompt or a full queue
 fails the whole HTTP request before anything is streamed and before any choice runs alone.
 
@@ -44,16 +48,20 @@ class ChoiceStreams:
 
     @classmethod
     def admit(cls, engine, specs: Sequence[ChoiceSpec], base_id: str, priority: int,
-              cache_salt: Optional[str] = None) -> "ChoiceStreams":
-        """Call ``engine.generate`` for every choice; on any error abort the ones already admitted."""
+              cache_salt: Optional[str] = None, stream: bool = True) -> "ChoiceStreams":
+        """Call ``engine.generate`` for every choice; on any error abort the ones already admitted.
+        ``stream=False``: each choice's deltas arrive as one merged final delta."""
         started = []
-        # Only when given: an engine front end that predates the option still serves unsalted requests.
+        # Only when given: an engine front end that predates the options still serves unsalted,
+        # streamed requests.
         extra = {} if cache_salt is None else {"cache_salt": cache_salt}
+        if not stream:
+            extra["stream"] = False
         try:
             for spec in specs:
                 rid = base_id if len(specs) == 1 else f"{base_id}-{spec.index}"
-                stream = engine.generate(spec.prompt, spec.params, request_id=rid, priority=priority, **extra)
-                started.append((spec, rid, stream))
+                deltas = engine.generate(spec.prompt, spec.params, request_id=rid, priority=priority, **extra)
+                started.append((spec, rid, deltas))
         except BaseException:
             _abort_soon(engine, tuple(rid for _, rid, _ in started))
             raise

@@ -32,7 +32,8 @@ async def admit_and_respond(engine, specs, request_id: str, req, job):
     from aioinfer.entrypoints.openai.sse import json_response, sse_response
 
     try:
-        streams = ChoiceStreams.admit(engine, specs, request_id, req.priority, cache_salt=req.cache_salt)
+        streams = ChoiceStreams.admit(engine, specs, request_id, req.priority, cache_salt=req.cache_salt,
+                                      stream=bool(req.stream))
     except Exception as exc:  # noqa: BLE001 - ValueError/overload/dead -> 400/429/503
         raise from_engine_error(exc) from exc
     headers = {"X-Request-Id": request_id}

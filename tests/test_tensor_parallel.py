@@ -439,15 +439,16 @@ def test_dead_worker_is_an_error_not_a_hang(tmp_path_factory):
 @pytest.mark.gpu
 @pytest.mark.parametrize("symm_mem", [False, True])
 @pytest.mark.parametrize("enforce_eager", [False, True])
-def test_tp2_on_two_gpus_matches_transformers(tmp_path, monkeypatch, enforce_eager, symm_mem):
+def test_tp2_on_two_gpus_matches_transformers(tmp_path, enforce_eager, symm_mem):
     """NCCL ranks on cuda:0 and cuda:1, decode through captured CUDA graphs (all-reduces inside),
-    async scheduling on (the CUDA default); optionally the symmetric-memory all-reduce."""
+    async scheduling on (the CUDA default); optionally the symmetric-memory all-reduce.
+
+    The engine runs in a fresh process, as a server runs it: torch keeps symmetric-memory state per
+    process group name for the life of a process (symm_all_reduce.py), so a second engine in one
+    process falls back to NCCL (tested on CPU below)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA devices")
     from transformers import AutoModelForCausalLM
-
-    if symm_mem:
-        monkeypatch.setenv("AIOINFER_TP_SYMM_MEM", "1")  # read by rank 0 and inherited by the worker
 
     path = make_tiny_model_dir(tmp_path, arch="llama", vocab_size=509, attention_bias=True)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -456,12 +457,53 @@ def test_tp2_on_two_gpus_matches_transformers(tmp_path, monkeypatch, enforce_eag
         expected = [hf.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False,
                                 attention_mask=torch.ones(1, len(p), dtype=torch.long))[0, len(p):].tolist()
                     for p in prompts]
-    with LLM(model=str(path), dtype="float32", device="cuda", attention_backend="triton", tensor_parallel_size=2,
+    torch.multiprocessing.spawn(_tp2_engine_case, args=(str(path), enforce_eager, symm_mem, prompts, expected),
+                                nprocs=1)
+
+
+def _tp2_engine_case(_index: int, path: str, enforce_eager: bool, symm_mem: bool, prompts, expected) -> None:
+    if symm_mem:
+        os.environ["AIOINFER_TP_SYMM_MEM"] = "1"  # read by rank 0 and inherited by the worker
+    with LLM(model=path, dtype="float32", device="cuda", attention_backend="triton", tensor_parallel_size=2,
              enforce_eager=enforce_eager, max_num_batched_tokens=24, num_kv_blocks=256) as llm:
         assert (llm.engine.runner.graphs is None) == enforce_eager
         assert llm.engine.async_scheduling
         assert (llm.engine.runner.group.fast_all_reduce is not None) == symm_mem
         assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
+
+
+def test_symm_mem_is_set_up_once_per_group_name(monkeypatch, caplog):
+    """torch cannot register a process group name with symmetric memory twice in one process (a
+    second registration raises; its Python side keeps the first store), which left a second
+    tensor-parallel engine's ranks waiting in different stores. A name already used falls back to
+    NCCL with a warning, agreed by every rank. (One gloo rank on CPU: only the decision is tested.)"""
+    import logging
+
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import HashStore, _SymmetricMemory
+
+    from aioinfer.distributed import symm_all_reduce
+
+    store = HashStore()  # the torch behaviour the guard is for
+    _SymmetricMemory.set_group_info("aioinfer-test-group", 0, 1, store)
+    with pytest.raises(Exception):
+        _SymmetricMemory.set_group_info("aioinfer-test-group", 0, 1, HashStore())
+
+    monkeypatch.setenv(symm_all_reduce.ENV_FLAG, "1")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        world = dist.group.WORLD
+        monkeypatch.setattr(symm_all_reduce, "_USED_GROUP_NAMES", {world.group_name})
+        with caplog.at_level(logging.WARNING, logger=symm_all_reduce.__name__):
+            assert symm_all_reduce.SymmMemAllReduce.create(world, world, torch.device("cuda", 0)) is None
+        assert "already set up symmetric memory" in caplog.text
+        caplog.clear()
+        monkeypatch.setattr(symm_all_reduce, "_USED_GROUP_NAMES", set())
+        with caplog.at_level(logging.WARNING, logger=symm_all_reduce.__name__):
+            assert symm_all_reduce.SymmMemAllReduce.create(world, world, torch.device("cpu")) is None
+        assert "already set up" not in caplog.text and "needs every rank" in caplog.text
+    finally:
+        dist.destroy_process_group()
 
 
 def _check_symm_mem_all_reduce(rank: int, port: int) -> None:

@@ -13,6 +13,13 @@ so this module also turns multicast off before the buffers are made.
   that disagreed would wait in different collectives for ever.
 - Every rank gets the same bits: each sums the slots in rank order (not its own slot first), so
   the sampled tokens, which look-ahead steps reuse on each rank (tp_runner.py), stay identical.
+- Once per process per group name: torch registers a group's symmetric-memory store under the
+  group's name for the life of the process and refuses to register the name again (checked on
+  CPU: ``_SymmetricMemory.set_group_info`` raises the second time), while its Python side silently
+  keeps the first store. A second tensor-parallel engine in the same process gets the same WORLD
+  name ("0") with a new store and a fresh worker process, so the two ranks met in different stores
+  and waited for ever: the hang of the two-GPU tests run in one pytest process. A name this process
+  has already used now makes every rank fall back to NCCL, with a warning.
 - CUDA graphs: the kernel reads its peers through fixed buffer addresses and synchronises through
   signal pads that each barrier leaves as it found them, so it is captured and replayed like the
   NCCL kernels. NOT YET RUN ON GPUS: ``tests/test_tensor_parallel.py -m gpu`` checks it against
@@ -36,6 +43,7 @@ _MAX_BYTES = int(os.environ.get("AIOINFER_TP_SYMM_MEM_MAX_KIB", "512")) * 1024  
 _DTYPES = (torch.bfloat16, torch.float32)  # what the kernel dispatches on
 _WORLD_SIZES = (2, 4, 8)
 _ALIGNMENT = 16  # bytes: the kernel's widest vector, so every size below takes the same path
+_USED_GROUP_NAMES: set[str] = set()  # names this process registered with torch's symmetric memory
 
 
 class SymmMemAllReduce:
@@ -63,10 +71,15 @@ class SymmMemAllReduce:
         import torch.distributed as dist
 
         wanted = os.environ.get(ENV_FLAG, "0") == "1"
-        usable = (wanted and device.type == "cuda" and dist.get_world_size(device_group) in _WORLD_SIZES
-                  and _has_op())
+        name_free = device_group.group_name not in _USED_GROUP_NAMES
+        if wanted and not name_free:
+            logger.warning("%s=1 ignored: this process already set up symmetric memory for process group %r "
+                           "(an earlier tensor-parallel engine); torch cannot register the name again", ENV_FLAG,
+                           device_group.group_name)
+        usable = (wanted and name_free and device.type == "cuda"
+                  and dist.get_world_size(device_group) in _WORLD_SIZES and _has_op())
         if not _all_agree(usable, control_group):
-            if wanted:
+            if wanted and name_free:
                 logger.warning("%s=1 ignored: symmetric memory needs every rank to ask for it, on CUDA devices "
                                "of one host, at world size 2, 4 or 8, with torch's symm_mem operations", ENV_FLAG)
             return None
@@ -103,6 +116,7 @@ def _rendezvous_buffers(group_name: str, device: torch.device) -> dict[torch.dty
     os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
     import torch.distributed._symmetric_memory as symm_mem
 
+    _USED_GROUP_NAMES.add(group_name)  # from here on torch may hold state under this name, even if a step fails
     enable = getattr(symm_mem, "enable_symm_mem_for_group", None)  # needed by older torch only
     if enable is not None:
         with warnings.catch_warnings():

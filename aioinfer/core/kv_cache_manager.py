@@ -133,10 +133,17 @@ class KVCacheManager:
         computed by a launched step, and known on the host) in the prefix cache."""
         if self.prefix_cache is None:
             return
-        table = self._tables.get(request.request_id)
+        # Every grant calls this, and a decode step fills a block only every block_size tokens: the
+        # common "nothing new to register" answer comes first, before any other lookup.
+        request_id = request.request_id
+        chain = self._chains.get(request_id)
+        if chain is not None and len(chain) >= num_tokens // self.block_size:
+            return
+        table = self._tables.get(request_id)
         if not table:
             return
-        chain = self._chains.setdefault(request.request_id, [])
+        if chain is None:
+            chain = self._chains[request_id] = []
         num_full = min(num_tokens, request.num_tokens) // self.block_size
         if len(chain) >= num_full:
             return

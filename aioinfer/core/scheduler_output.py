@@ -21,6 +21,7 @@ class NewRequestData:
 
 @dataclass(slots=True)
 class ScheduledRequest:
+    # Built positionally once per request per step (scheduler._grant): keep the field order.
     request_id: str
     token_ids: list[int]  # the tokens whose KV this step computes, in order
     start_position: int  # position of token_ids[0] (= computed tokens before this step)
@@ -93,7 +94,10 @@ class RunnerOutput:
 
 @dataclass(slots=True)
 class EngineCoreOutput:
-    """A request's news from one step (new tokens and/or its end)."""
+    """A request's news from one step (new tokens and/or its end).
+
+    Built positionally once per sampled token (Scheduler.update): keep the field order.
+    """
 
     request_id: str
     new_token_ids: list[int]

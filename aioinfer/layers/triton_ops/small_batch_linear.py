@@ -54,7 +54,7 @@ def _small_batch_linear_kernel(
                     other=0.0)
         if USE_DOT:  # tensor cores; M_PAD >= 16 rows (the padding rows are zeros)
             acc += tl.dot(x, tl.trans(w), input_precision="ieee" if x.dtype == tl.float32 else "tf32")
-        else:  # CUDA cores: a broadcast product, for 1-2 rows
+        else:  # CUDA cores: a broadcast product (1 row; more rows spill registers)
             acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]

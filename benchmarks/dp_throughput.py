@@ -17,8 +17,11 @@ Imports neither quart, hypercorn nor orjson (the GPU machine lacks them).
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (SHAPES, ceilings, dump, environment, format_table, fresh_cache_salt, output_tokens,
@@ -42,6 +45,10 @@ def main() -> None:
     p.add_argument("--no-uvloop", action="store_true", help="plain asyncio even where uvloop is installed")
     p.add_argument("--no-stream", action="store_true",
                    help="generate(stream=False): one merged delta per request (as non-streaming HTTP requests)")
+    p.add_argument("--every", type=int, default=1,
+                   help="run every K-th request only (K = N: one replica's share of the work at size N, alone)")
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="sys.setswitchinterval in seconds for the child (Python's default: 0.005)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per size's child process")
     p.add_argument("--out", default=None, help="JSON results")
     p.add_argument("--child-dp", type=int, default=None, help=argparse.SUPPRESS)
@@ -54,7 +61,7 @@ def main() -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     shape = SHAPES[args.model]
     requests = workload1(num_requests=args.num_requests, max_input_len=args.max_input_len,
-                         max_output_len=args.max_output_len, max_token_id=min(10000, shape.vocab - 1))
+                         max_output_len=args.max_output_len, max_token_id=min(10000, shape.vocab - 1))[::args.every]
     if args.child_dp is not None:
         write_child_result(args.child_out, run_size(args, device, requests))
         return
@@ -74,7 +81,10 @@ def main() -> None:
                    "--num-requests", str(args.num_requests), "--max-input-len", str(args.max_input_len),
                    "--max-output-len", str(args.max_output_len), "--max-num-seqs", str(args.max_num_seqs),
                    "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-                   "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--child-dp", str(size)]
+                   "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--child-dp", str(size),
+                   "--every", str(args.every)]
+            if args.switch_interval is not None:
+                cmd += ["--switch-interval", str(args.switch_interval)]
             for flag in ("attention_backend", "enforce_eager", "async_scheduling"):
                 if getattr(args, flag) is not None:
                     cmd += ["--" + flag.replace("_", "-"), getattr(args, flag)]
@@ -124,8 +134,28 @@ def ideal_split_floor(shape, requests, size: int, ceil: dict[str, float]) -> dic
 
 # ----------------------------------------------------------------------------- child
 
+def _thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) each live thread of this process used so far, by thread name
+    (Linux /proc; empty elsewhere). Where the sum over threads nears the wall time, one GIL is the cap."""
+    import threading
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for thread in threading.enumerate():
+        try:
+            fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = thread.name if thread.name not in out else f"{thread.name}-{thread.native_id}"
+        out[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15 of stat)
+    return out
+
+
 def run_size(args, device: str, requests) -> dict[str, Any]:
     import anyio
+
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
 
     use_uvloop = False
     if not args.no_uvloop:
@@ -142,14 +172,25 @@ def run_size(args, device: str, requests) -> dict[str, Any]:
 
 
 class _PerReplica:
-    """Observer: output tokens and requests finished per replica."""
+    """Observer: output tokens and requests finished per replica; its steps split into decode-only
+    steps and steps that carry prompt tokens, with the seconds the GPU thread spent in each kind."""
 
     def __init__(self, size: int) -> None:
         self.requests = [0] * size
         self.tokens = [0] * size
+        self.steps = [{"decode_steps": 0, "decode_s": 0.0, "prompt_steps": 0, "prompt_s": 0.0, "prompt_tokens": 0}
+                      for _ in range(size)]
+        self.counting = False
 
     def on_step(self, stats) -> None:
-        pass
+        if not self.counting or not stats.num_batched_requests:
+            return
+        row = self.steps[stats.engine_index]
+        prompt_tokens = stats.num_scheduled_tokens - stats.num_generation_tokens
+        kind = "prompt" if prompt_tokens > 0 else "decode"
+        row[kind + "_steps"] += 1
+        row[kind + "_s"] += stats.step_time
+        row["prompt_tokens"] += max(prompt_tokens, 0)
 
     def on_request_done(self, stats) -> None:
         if stats.request_id.startswith("w1-"):
@@ -201,14 +242,20 @@ async def _run_size(args, device: str, requests) -> dict[str, Any]:
         warm = workload1(num_requests=4 * size, seed=1, max_input_len=200, max_output_len=110, max_token_id=500)
         await run(engine, warm, "warm-")  # first kernels of each replica, prefill shapes, allocator
         warmup_s = time.perf_counter() - t0
+        per_replica.counting = True
+        cpu_before = _thread_cpu_seconds()
         start = time.perf_counter()
         got = await run(engine, requests, "w1-")
         seconds = time.perf_counter() - start
+        cpu_after = _thread_cpu_seconds()
         stats = engine.stats()
     assert got == output_tokens(requests), (got, output_tokens(requests))
     return {"dp": size, "output_tokens": got, "seconds": seconds, "tok_per_s": got / seconds, "init_s": init_s,
             "warmup_s": warmup_s, "devices": [r["device"] for r in stats["replicas"]],
-            "replicas": [{"requests": n, "output_tokens": t} for n, t in zip(per_replica.requests, per_replica.tokens)],
+            "replicas": [{"requests": n, "output_tokens": t, **steps}
+                         for n, t, steps in zip(per_replica.requests, per_replica.tokens, per_replica.steps)],
+            "thread_cpu_s": {name: round(cpu_after[name] - cpu_before.get(name, 0.0), 3) for name in cpu_after},
+            "switch_interval": sys.getswitchinterval(),
             "routed_by_affinity": sum(r["routed_by_affinity"] for r in stats["replicas"])}
 
 

@@ -447,6 +447,17 @@ def test_noise_is_exponential_and_batch_free():
     assert seeded_noise.noise_key(-1, 0) == seeded_noise.noise_key((1 << 64) - 1, 0)
 
 
+def test_vectorised_noise_keys_match_noise_key():
+    """The batch's keys come from NumPy uint64 arithmetic (SamplingMetadata.build): bit for bit the same."""
+    rng = np.random.default_rng(3)
+    seeds = [0, 1, -1, (1 << 64) - 1, 1 << 63, -(1 << 63), 1 << 70, -(1 << 90) + 7]
+    seeds += [int(s) for s in rng.integers(-(1 << 62), 1 << 62, size=500)]
+    steps = [0, 1, 1 << 20, (1 << 64) - 1] + [int(s) for s in rng.integers(0, 1 << 40, size=len(seeds) - 4)]
+    keys = seeded_noise.noise_keys(seeds, steps)
+    assert keys.dtype == np.int64
+    assert keys.tolist() == [seeded_noise.noise_key(a, b) for a, b in zip(seeds, steps)]
+
+
 def test_triton_kernel_interpreted_matches_torch():
     # The CUDA kernel, run by Triton's interpreter on CPU tensors: same 64 bits, same noise.
     pytest.importorskip("triton")

@@ -98,7 +98,8 @@ class InputBuffers:
         for item in scheduled:
             flat_tables += item.block_ids
             flat_tables += [0] * (max_blocks - len(item.block_ids))
-        a32["block_tables"][:] = flat_tables
+        # fromiter converts the ~num_seqs * max_blocks ints faster than a slice assignment from a list.
+        a32["block_tables"][:] = np.fromiter(flat_tables, dtype=np.int32, count=len(flat_tables))
         tables = a32["block_tables"].reshape(num_seqs, max_blocks)
         if decode_only:  # one token per sequence
             a64["input_ids"][:] = [item.token_ids[0] for item in scheduled]

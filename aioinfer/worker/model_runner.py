@@ -15,7 +15,6 @@ from aioinfer.attention.context import forward_context
 from aioinfer.config import EngineConfig
 from aioinfer.core.scheduler import PLACEHOLDER_TOKEN
 from aioinfer.core.scheduler_output import RunnerOutput, SchedulerOutput, TokenLogprobs
-from aioinfer.sampling_params import SamplingParams
 from aioinfer.core.kv_cache_manager import cdiv
 from aioinfer.worker.cuda_graphs import CudaGraphRunner, graph_buckets, token_buckets
 from aioinfer.worker.input_buffers import InputBuffers
@@ -25,18 +24,6 @@ from aioinfer.worker.sampling_metadata import SamplingMetadata, SamplingRow
 from aioinfer.worker.swap import KVSwapper, num_host_blocks_for
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class _RequestState:
-    """What the runner remembers of a request between steps (for its sampling rows)."""
-
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    seed: int
-    eos_token_ids: tuple[int, ...]
-    output_token_ids: list[int]
-    num_pending: int = 0  # sampled by launched steps, not collected yet
 
 
 class ModelRunner:
@@ -91,7 +78,9 @@ class ModelRunner:
                 logger.warning("CUDA graph capture failed, decode runs eager: %s", exc)
                 self.graphs = None
         self.sampler = Sampler()
-        self._states: dict[str, _RequestState] = {}
+        # What the runner remembers of each request between steps: its sampling row itself, kept and
+        # updated in place (output tokens, pending count) rather than rebuilt for every step.
+        self._states: dict[str, SamplingRow] = {}
         self._last_sampled: tuple[Optional[torch.Tensor], dict[str, int]] = (None, {})
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", self.num_kv_blocks, self.block_size,
                     self.spec.bytes_per_block * self.num_kv_blocks / 2**20)
@@ -126,12 +115,12 @@ class ModelRunner:
         for request_id in scheduler_output.finished_request_ids:
             self._states.pop(request_id, None)
         for new in scheduler_output.new_requests:
-            self._states[new.request_id] = _RequestState(
+            self._states[new.request_id] = SamplingRow(
+                params=new.sampling_params,
                 prompt_token_ids=new.prompt_token_ids,
-                sampling_params=new.sampling_params,
+                output_token_ids=[],
                 seed=new.seed,
                 eos_token_ids=new.eos_token_ids,
-                output_token_ids=[],
             )
         self._run_swaps(scheduler_output)
         if scheduler_output.is_empty:
@@ -156,15 +145,12 @@ class ModelRunner:
             return _Launched(None, None, [], [])
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
 
+        # build reads the rows now and keeps nothing of them, so the live states serve as this step's rows.
         states = [self._states[request_id] for request_id in inputs.sampled_request_ids]
-        rows = [SamplingRow(params=s.sampling_params, prompt_token_ids=s.prompt_token_ids,
-                            output_token_ids=s.output_token_ids, seed=s.seed, eos_token_ids=s.eos_token_ids,
-                            num_pending_tokens=s.num_pending)
-                for s in states]
-        metadata = SamplingMetadata.build(rows, logits.shape[1], self.device)
+        metadata = SamplingMetadata.build(states, logits.shape[1], self.device)
         result = self.sampler(logits, metadata)
         for state in states:
-            state.num_pending += 1
+            state.num_pending_tokens += 1
         self._last_sampled = (result.sampled_token_ids,
                               {rid: row for row, rid in enumerate(inputs.sampled_request_ids)})
         host, ready = _copy_to_host(result)
@@ -181,7 +167,7 @@ class ModelRunner:
         token_ids: list[int] = launched.result.sampled_token_ids.tolist()
         for state, token_id in zip(launched.states, token_ids):
             state.output_token_ids.append(token_id)
-            state.num_pending -= 1
+            state.num_pending_tokens -= 1
         return RunnerOutput(
             sampled_request_ids=launched.request_ids,
             sampled_token_ids=token_ids,
@@ -206,12 +192,16 @@ class ModelRunner:
         """Decode rows whose input is the token the previous launch sampled: copy it on the device."""
         positions, rows = [], []
         offset = 0
+        last_rows = self._last_sampled[1]
         for item in scheduler_output.scheduled:
-            for i, token in enumerate(item.token_ids):
-                if token == PLACEHOLDER_TOKEN:
-                    positions.append(offset + i)
-                    rows.append(self._last_sampled[1][item.request_id])
-            offset += len(item.token_ids)
+            token_ids = item.token_ids
+            if PLACEHOLDER_TOKEN in token_ids:  # a C-level scan; the Python loop only where one is
+                row = last_rows[item.request_id]
+                for i, token in enumerate(token_ids):
+                    if token == PLACEHOLDER_TOKEN:
+                        positions.append(offset + i)
+                        rows.append(row)
+            offset += len(token_ids)
         if positions:
             index = torch.tensor([positions, rows], dtype=torch.int64, pin_memory=self.device.type == "cuda")
             index = index.to(self.device, non_blocking=True)
@@ -225,7 +215,7 @@ class _Launched:
     result: Optional[SamplerOutput]  # host (pinned) copies, valid once ``ready`` has completed
     ready: Optional[torch.cuda.Event]  # recorded after the copies; None on CPU (already done)
     request_ids: list[str]
-    states: list[_RequestState]
+    states: list[SamplingRow]
 
 
 def _copy_to_host(result: SamplerOutput) -> tuple[SamplerOutput, Optional[torch.cuda.Event]]:
@@ -251,7 +241,7 @@ def _copy_to_host(result: SamplerOutput) -> tuple[SamplerOutput, Optional[torch.
     return copied, ready
 
 
-def _logprob_rows(result, states: list[_RequestState]) -> list[Optional[TokenLogprobs]]:
+def _logprob_rows(result, states: list[SamplingRow]) -> list[Optional[TokenLogprobs]]:
     if result.sampled_logprobs is None:
         return []
     sampled = result.sampled_logprobs.tolist()
@@ -260,7 +250,7 @@ def _logprob_rows(result, states: list[_RequestState]) -> list[Optional[TokenLog
     top_lps = result.top_logprobs.tolist()
     rows: list[Optional[TokenLogprobs]] = []
     for i, state in enumerate(states):
-        wanted = state.sampling_params.logprobs
+        wanted = state.params.logprobs
         if wanted is None:
             rows.append(None)
             continue

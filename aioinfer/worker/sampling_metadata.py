@@ -15,7 +15,7 @@ import torch
 
 from aioinfer.sampling_params import SamplingParams
 from aioinfer.worker.penalties import PenaltyTensors
-from aioinfer.worker.seeded_noise import noise_key
+from aioinfer.worker.seeded_noise import noise_key, noise_keys
 
 
 @dataclass(slots=True)
@@ -85,7 +85,10 @@ class SamplingMetadata:
         bias_rows: list[int] = []
         bias_values: list[float] = []
         masked: list[int] = []
-        for i, (row, p) in enumerate(zip(rows, params)):
+        # Most rows use neither knob: pick the few that do with one cheap test per row (the loop body
+        # costs ~0.3 us a row, every step). min_tokens == 0 never masks (num_generated >= 0).
+        for i in [i for i, p in enumerate(params) if p.logit_bias or p.min_tokens]:
+            row, p = rows[i], params[i]
             base = i * vocab
             if p.logit_bias:
                 for token, value in p.logit_bias.items():
@@ -110,15 +113,22 @@ class SamplingMetadata:
             top_k=top_k,
             top_p=top_p,
             min_p=min_p,
-            noise_keys=None if all_greedy else host_to_device(
-                [0 if g else noise_key(row.seed, row.num_generated) for row, g in zip(rows, greedy)],
-                torch.int64, device),
+            noise_keys=None if all_greedy else host_to_device(_noise_keys(rows, greedy), torch.int64, device),
             bias_index=host_to_device(bias_rows, torch.int64, device) if bias_rows else None,
             bias_value=host_to_device(bias_values, torch.float32, device) if bias_rows else None,
             min_tokens_index=host_to_device(masked, torch.int64, device) if masked else None,
             penalties=build_penalty_tensors(rows, vocab, device),
             max_num_logprobs=max(max_logprobs) if max_logprobs else None,
         )
+
+
+def _noise_keys(rows: Sequence[SamplingRow], greedy: list[bool]) -> np.ndarray:
+    """Each row's noise key for this step; 0 on greedy rows (their draw is discarded)."""
+    keys = noise_keys([row.seed for row in rows],
+                      [len(row.output_token_ids) + row.num_pending_tokens for row in rows])  # num_generated
+    if any(greedy):
+        keys[np.asarray(greedy, dtype=bool)] = 0
+    return keys
 
 
 def build_penalty_tensors(rows: Sequence[SamplingRow], vocab_size: int,

@@ -17,6 +17,7 @@ last bit of their ``log``. Triton is imported only when a CUDA tensor asks for i
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 _MASK64 = (1 << 64) - 1
@@ -46,6 +47,22 @@ def noise_key(seed: int, step: int) -> int:
     Two rounds of splitmix64 keep nearby (seed, step) pairs from giving related streams.
     """
     return to_int64(splitmix64(splitmix64(seed & _MASK64) ^ (step & _MASK64)))
+
+
+def _splitmix64_np(x: np.ndarray) -> np.ndarray:
+    """``splitmix64`` on a uint64 array (array arithmetic wraps mod 2**64 silently)."""
+    x = x + np.uint64(_GOLDEN)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(_MIX1)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(_MIX2)
+    return x ^ (x >> np.uint64(31))
+
+
+def noise_keys(seeds: list[int], steps: list[int]) -> np.ndarray:
+    """``noise_key`` of every (seed, step) pair, as one int64 array: the batch's keys in a few NumPy
+    ops instead of ~1.5 us of Python big-int arithmetic per row (0.4 ms at 256 rows, every step)."""
+    z = _splitmix64_np(np.array([seed & _MASK64 for seed in seeds], dtype=np.uint64))
+    z ^= np.array(steps, dtype=np.uint64)
+    return _splitmix64_np(z).view(np.int64)
 
 
 # ----------------------------------------------------------------------------- pure torch

@@ -66,6 +66,16 @@ class TPGroup:
         dist.all_reduce(x, group=self.device_group)
         return x
 
+    def fuses_norm(self, x: torch.Tensor) -> bool:
+        """Whether the sum of ``x`` over the ranks can be fused with the residual add and RMSNorm after it."""
+        fused = getattr(self.fast_all_reduce, "fused_norm", None)
+        return fused is not None and x.is_cuda and fused.accepts(x)
+
+    def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``s = all_reduce(x) + residual`` -> ``(rmsnorm(s) * weight, s)`` in one kernel (``fuses_norm``)."""
+        return self.fast_all_reduce.fused_norm(x, residual, weight, eps)
+
     def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
         """[..., s] on every rank -> [..., world_size * s], rank 0's columns first."""
         if self.world_size == 1:

@@ -43,15 +43,20 @@ _MAX_BYTES = int(os.environ.get("AIOINFER_TP_SYMM_MEM_MAX_KIB", "512")) * 1024  
 _DTYPES = (torch.bfloat16, torch.float32)  # what the kernel dispatches on
 _WORLD_SIZES = (2, 4, 8)
 _ALIGNMENT = 16  # bytes: the kernel's widest vector, so every size below takes the same path
+_FUSED_NORM_FLAG = "AIOINFER_TP_FUSED_NORM"  # "0": keep the all-reduce and the RMSNorm apart (A/B runs)
+_FUSED_MAX_BYTES = 8 * 8192 * 4  # one slot: 8 rows of up to 8192 float32 values
 _USED_GROUP_NAMES: set[str] = set()  # names this process registered with torch's symmetric memory
 
 
 class SymmMemAllReduce:
     """``all_reduce(x)`` for tensors that ``accepts``; build with ``create`` (collective)."""
 
-    def __init__(self, group_name: str, buffers: dict[torch.dtype, torch.Tensor]) -> None:
+    def __init__(self, group_name: str, buffers: dict[torch.dtype, torch.Tensor], fused_norm=None) -> None:
         self._group_name = group_name
         self._buffers = buffers
+        # FusedAllReduceNorm (fused_all_reduce_norm.py): the sum, residual add and RMSNorm of decode
+        # rows in one kernel; None where it could not be set up.
+        self.fused_norm = fused_norm
 
     def accepts(self, x: torch.Tensor) -> bool:
         nbytes = x.numel() * x.element_size()
@@ -91,7 +96,19 @@ class SymmMemAllReduce:
         if not _all_agree(ok, control_group):
             return None
         logger.info("tensor parallel: one-shot symmetric-memory all-reduce up to %d KiB", _MAX_BYTES // 1024)
-        return cls(device_group.group_name, buffers)
+        fused = None
+        if os.environ.get(_FUSED_NORM_FLAG, "1") == "1":
+            try:
+                from aioinfer.distributed.fused_all_reduce_norm import FusedAllReduceNorm
+
+                fused = FusedAllReduceNorm.create(device_group.group_name, device, dist.get_rank(device_group),
+                                                  dist.get_world_size(device_group), _FUSED_MAX_BYTES, _DTYPES)
+            except Exception as exc:  # noqa: BLE001 - optional; the one-shot all-reduce still works
+                logger.warning("fused all-reduce + RMSNorm unavailable: %s", exc)
+                fused = None
+            if not _all_agree(fused is not None, control_group):
+                fused = None
+        return cls(device_group.group_name, buffers, fused)
 
 
 def _all_agree(yes: bool, control_group) -> bool:

@@ -138,8 +138,10 @@ class RowParallelLinear(Linear):
             raise ValueError(f"expected {(param.shape[0], size * self.tp.world_size)}, got {tuple(loaded.shape)}")
         param.data.copy_(loaded.narrow(1, self.tp.rank * size, size))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # [T, in/tp] -> [T, out]
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        # [T, in/tp] -> [T, out]; reduce=False: this rank's partial sum (the caller reduces it, fused
+        # with the residual add and RMSNorm that follow: TPGroup.all_reduce_add_rms_norm)
         if not self.tp.is_parallel:
             return linear(x, self.weight, self.bias)
-        return self.tp.all_reduce(linear(x, self.weight, self.bias if self.tp.rank == 0 else None))
+        partial = linear(x, self.weight, self.bias if self.tp.rank == 0 else None)
+        return self.tp.all_reduce(partial) if reduce else partial

@@ -32,12 +32,16 @@ class RMSNorm(nn.Module):
         return rms_norm_torch(x, self.weight, self.eps)
 
     def forward(
-        self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+        self, x: torch.Tensor, residual: Optional[torch.Tensor] = None, reduce_group=None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``norm(x)``; with ``residual``: ``s = x + residual`` then ``(norm(s), s)``.
 
         The add happens in the activation dtype, as HF's decoder layer does (``residual + hidden``).
+        ``reduce_group``: x is a row-parallel layer's partial sum; the group sums it over the ranks in
+        the same kernel as the add and the norm (TPGroup.all_reduce_add_rms_norm).
         """
+        if reduce_group is not None:
+            return reduce_group.all_reduce_add_rms_norm(x, residual, self.weight, self.eps)
         # --- CUDA fast path: one fused Triton kernel (same numerics; see triton_ops/rms_norm.py).
         if x.is_cuda and x.dtype == self.weight.dtype and x.dim() in (2, 3):
             ops = fused_ops()

@@ -62,8 +62,8 @@ class DecoderAttention(nn.Module):
         self.k_norm: Optional[RMSNorm] = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.attn = Attention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5, backend)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # hidden [T, H] -> [T, H]
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        # hidden [T, H] -> [T, H] (reduce=False: this rank's partial sum of o_proj)
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2*kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -73,7 +73,7 @@ class DecoderAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
         q, k = apply_rotary_qk(q, k, cos, sin)  # one in-place Triton kernel on CUDA
-        return self.o_proj(self.attn(q, k, v))
+        return self.o_proj(self.attn(q, k, v), reduce=reduce)
 
 
 class DecoderMLP(nn.Module):
@@ -85,8 +85,8 @@ class DecoderMLP(nn.Module):
                                            name="intermediate_size")
         self.act_fn = get_act_and_mul(cfg.hidden_act)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)), reduce=reduce)
 
 
 class DecoderLayer(nn.Module):
@@ -98,22 +98,27 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(
-        self, hidden: torch.Tensor, residual: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor
+        self, hidden: torch.Tensor, residual: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+        reduce_group=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # The residual stream is carried separately so each norm fuses the previous block's add.
+        # With ``reduce_group`` the row-parallel layers return partial sums and each norm sums them
+        # over the ranks in its own kernel (tensor-parallel decode; the first layer's input, the
+        # embedding, is whole already).
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, cos, sin)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+            hidden, residual = self.input_layernorm(hidden, residual, reduce_group)
+        hidden = self.self_attn(hidden, cos, sin, reduce=reduce_group is None)
+        hidden, residual = self.post_attention_layernorm(hidden, residual, reduce_group)
+        return self.mlp(hidden, reduce=reduce_group is None), residual
 
 
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ArchConfig, backend: AttentionBackend, tp: TPGroup = SINGLE) -> None:
         super().__init__()
+        self.tp = tp
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(DecoderLayer(cfg, backend, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -123,9 +128,11 @@ class DecoderModel(nn.Module):
         hidden = self.embed_tokens(input_ids)  # [T, H]
         cos, sin = self.rotary_emb(positions, hidden.dtype)  # [T, rotary_dim] each, shared by all layers
         residual: Optional[torch.Tensor] = None
+        # Decided once per forward from the token count, the same on every rank (and per CUDA graph).
+        reduce_group = self.tp if self.tp.is_parallel and self.tp.fuses_norm(hidden) else None
         for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos, sin)
-        hidden, _ = self.norm(hidden, residual)
+            hidden, residual = layer(hidden, residual, cos, sin, reduce_group)
+        hidden, _ = self.norm(hidden, residual, reduce_group)
         return hidden
 
 

@@ -462,8 +462,7 @@ def test_tp2_on_two_gpus_matches_transformers(tmp_path, enforce_eager, symm_mem)
 
 
 def _tp2_engine_case(_index: int, path: str, enforce_eager: bool, symm_mem: bool, prompts, expected) -> None:
-    if symm_mem:
-        os.environ["AIOINFER_TP_SYMM_MEM"] = "1"  # read by rank 0 and inherited by the worker
+    os.environ["AIOINFER_TP_SYMM_MEM"] = "1" if symm_mem else "0"  # read by rank 0, inherited by the worker
     with LLM(model=path, dtype="float32", device="cuda", attention_backend="triton", tensor_parallel_size=2,
              enforce_eager=enforce_eager, max_num_batched_tokens=24, num_kv_blocks=256) as llm:
         assert (llm.engine.runner.graphs is None) == enforce_eager
@@ -502,6 +501,11 @@ def test_symm_mem_is_set_up_once_per_group_name(monkeypatch, caplog):
         with caplog.at_level(logging.WARNING, logger=symm_all_reduce.__name__):
             assert symm_all_reduce.SymmMemAllReduce.create(world, world, torch.device("cpu")) is None
         assert "already set up" not in caplog.text and "needs every rank" in caplog.text
+        caplog.clear()
+        monkeypatch.delenv(symm_all_reduce.ENV_FLAG)  # the default: on where usable, silent where not
+        with caplog.at_level(logging.WARNING, logger=symm_all_reduce.__name__):
+            assert symm_all_reduce.SymmMemAllReduce.create(world, world, torch.device("cpu")) is None
+        assert not caplog.text
     finally:
         dist.destroy_process_group()
 
@@ -558,12 +562,18 @@ def _check_symm_mem_all_reduce(rank: int, port: int) -> None:
 
 
 def _check_fused_all_reduce_norm(tp, device, generator) -> None:
-    """The all-reduce + residual add + RMSNorm kernel against NCCL + the torch path, eager and in a graph."""
+    """The Lamport all-reduce + residual add + RMSNorm kernel (the default) against NCCL + the torch
+    path, eager and in a graph."""
+    from aioinfer.distributed.lamport_all_reduce_norm import LamportAllReduceNorm
+
+    assert isinstance(tp.fast_all_reduce.fused_norm, LamportAllReduceNorm)
+    _check_one_fused_all_reduce_norm(tp, device, generator, "lamport")
+
+
+def _check_one_fused_all_reduce_norm(tp, device, generator, kind: str) -> None:
     import torch.distributed as dist
 
     from aioinfer.layers.norm import rms_norm_torch
-
-    assert tp.fast_all_reduce.fused_norm is not None
 
     def reference(x, residual, weight):
         total = x.clone()
@@ -577,13 +587,14 @@ def _check_fused_all_reduce_norm(tp, device, generator) -> None:
             residual = torch.randn((rows, 3584), generator=generator).to(device, dtype)
             weight = (1 + 0.1 * torch.randn(3584, generator=generator)).to(device, dtype)
             assert tp.fuses_norm(x)
-            for _ in range(3):  # both parities, twice
+            x[0, :5] = -0.0  # negative zeros: the Lamport kernel's empty marker, sent as +0.0
+            for _ in range(4):  # every slot (3) at least once
                 out, s = tp.all_reduce_add_rms_norm(x, residual, weight, 1e-6)
                 want_out, want_s = reference(x, residual, weight)
-                torch.testing.assert_close(s, want_s, rtol=0, atol=0)  # sum and add: the same roundings
+                torch.testing.assert_close(s, want_s, rtol=0, atol=0, msg=kind)  # sum and add: same roundings
                 torch.testing.assert_close(out, want_out, rtol=1.6e-2 if dtype == torch.bfloat16 else 2e-6,
                                            atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
-    # Captured: a chain as a decode graph holds it (5 calls, odd, so replays start on alternating parities).
+    # Captured: a chain as a decode graph holds it (5 calls: replays start on different slots).
     x = torch.randn((1, 3584), generator=generator).to(device, torch.bfloat16)
     residual = torch.randn((1, 3584), generator=generator).to(device, torch.bfloat16)
     weight = torch.ones(3584, device=device, dtype=torch.bfloat16)

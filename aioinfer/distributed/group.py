@@ -42,7 +42,7 @@ class TPGroup:
     world_size: int
     device_group: Any | None = None  # torch ProcessGroup; None at world size 1
     control_group: Any | None = None  # gloo ProcessGroup; None at world size 1
-    fast_all_reduce: Any | None = None  # SymmMemAllReduce when enabled (CUDA, AIOINFER_TP_SYMM_MEM=1)
+    fast_all_reduce: Any | None = None  # SymmMemAllReduce where usable (CUDA, one host; AIOINFER_TP_SYMM_MEM=0: off)
 
     @property
     def is_parallel(self) -> bool:

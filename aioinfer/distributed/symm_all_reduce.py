@@ -1,4 +1,5 @@
-"""Opt-in one-shot all-reduce over torch symmetric memory, for the small sums of decode steps.
+"""One-shot all-reduce over torch symmetric memory, for the small sums of decode steps (on by
+default on CUDA; ``AIOINFER_TP_SYMM_MEM=0`` keeps NCCL for every sum).
 
 A batch-1 decode step of a 28-layer model does 57 all-reduces of a few KB; each NCCL all-reduce
 costs a fixed latency far above its bandwidth cost. Here every rank copies its tensor into its
@@ -7,8 +8,12 @@ a barrier, and sums all slots itself: ``torch.ops.symm_mem.one_shot_all_reduce_c
 kernel. Never the multimem (NVLink multicast) operations: they are forbidden on our machines,
 so this module also turns multicast off before the buffers are made.
 
-- Off unless ``AIOINFER_TP_SYMM_MEM=1``; on when every rank asks for it, sits on one host, runs on
-  CUDA at a world size the kernel supports, and the buffers rendezvous; otherwise NCCL, as before.
+- On when no rank sets ``AIOINFER_TP_SYMM_MEM=0``, every rank sits on one host and runs on CUDA
+  at a world size the kernel supports, and the buffers rendezvous; otherwise NCCL. A warning says
+  why only where ``AIOINFER_TP_SYMM_MEM=1`` asked for it explicitly.
+- Decode rows (up to 8) of a row-parallel layer skip this path: the Lamport kernel of
+  lamport_all_reduce_norm.py sums them together with the residual add and RMSNorm that follow
+  (``AIOINFER_TP_FUSED_NORM=0`` turns it off, for A/B runs).
 - Which path a tensor takes depends only on its dtype and size, the same on every rank: ranks
   that disagreed would wait in different collectives for ever.
 - Every rank gets the same bits: each sums the slots in rank order (not its own slot first), so
@@ -22,8 +27,8 @@ so this module also turns multicast off before the buffers are made.
   has already used now makes every rank fall back to NCCL, with a warning.
 - CUDA graphs: the kernel reads its peers through fixed buffer addresses and synchronises through
   signal pads that each barrier leaves as it found them, so it is captured and replayed like the
-  NCCL kernels. NOT YET RUN ON GPUS: ``tests/test_tensor_parallel.py -m gpu`` checks it against
-  NCCL, eager and inside a graph.
+  NCCL kernels. ``tests/test_tensor_parallel.py -m gpu`` checks it against NCCL, eager and inside
+  a graph (passed on two H200s, 2026-11-29).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ _DTYPES = (torch.bfloat16, torch.float32)  # what the kernel dispatches on
 _WORLD_SIZES = (2, 4, 8)
 _ALIGNMENT = 16  # bytes: the kernel's widest vector, so every size below takes the same path
 _FUSED_NORM_FLAG = "AIOINFER_TP_FUSED_NORM"  # "0": keep the all-reduce and the RMSNorm apart (A/B runs)
-_FUSED_MAX_BYTES = 8 * 8192 * 4  # one slot: 8 rows of up to 8192 float32 values
+_FUSED_MAX_BYTES = 8 * 8192 * 4  # one rank's part of a slot: 8 rows of up to 8192 float32 values
 _USED_GROUP_NAMES: set[str] = set()  # names this process registered with torch's symmetric memory
 
 
@@ -54,8 +59,8 @@ class SymmMemAllReduce:
     def __init__(self, group_name: str, buffers: dict[torch.dtype, torch.Tensor], fused_norm=None) -> None:
         self._group_name = group_name
         self._buffers = buffers
-        # FusedAllReduceNorm (fused_all_reduce_norm.py): the sum, residual add and RMSNorm of decode
-        # rows in one kernel; None where it could not be set up.
+        # LamportAllReduceNorm (lamport_all_reduce_norm.py): the sum, residual add and RMSNorm of
+        # decode rows in one kernel; None where it could not be set up.
         self.fused_norm = fused_norm
 
     def accepts(self, x: torch.Tensor) -> bool:
@@ -75,16 +80,17 @@ class SymmMemAllReduce:
         """Collective over both groups; None (use NCCL) unless every rank can and wants to."""
         import torch.distributed as dist
 
-        wanted = os.environ.get(ENV_FLAG, "0") == "1"
+        requested = os.environ.get(ENV_FLAG, "")
+        wanted, explicit = requested != "0", requested == "1"
         name_free = device_group.group_name not in _USED_GROUP_NAMES
-        if wanted and not name_free:
+        if explicit and not name_free:
             logger.warning("%s=1 ignored: this process already set up symmetric memory for process group %r "
                            "(an earlier tensor-parallel engine); torch cannot register the name again", ENV_FLAG,
                            device_group.group_name)
         usable = (wanted and name_free and device.type == "cuda"
                   and dist.get_world_size(device_group) in _WORLD_SIZES and _has_op())
         if not _all_agree(usable, control_group):
-            if wanted and name_free:
+            if explicit and name_free:
                 logger.warning("%s=1 ignored: symmetric memory needs every rank to ask for it, on CUDA devices "
                                "of one host, at world size 2, 4 or 8, with torch's symm_mem operations", ENV_FLAG)
             return None
@@ -99,14 +105,14 @@ class SymmMemAllReduce:
         fused = None
         if os.environ.get(_FUSED_NORM_FLAG, "1") == "1":
             try:
-                from aioinfer.distributed.fused_all_reduce_norm import FusedAllReduceNorm
+                from aioinfer.distributed.lamport_all_reduce_norm import LamportAllReduceNorm
 
-                fused = FusedAllReduceNorm.create(device_group.group_name, device, dist.get_rank(device_group),
-                                                  dist.get_world_size(device_group), _FUSED_MAX_BYTES, _DTYPES)
+                fused = LamportAllReduceNorm.create(device_group.group_name, device, dist.get_rank(device_group),
+                                                    dist.get_world_size(device_group), _FUSED_MAX_BYTES, _DTYPES)
             except Exception as exc:  # noqa: BLE001 - optional; the one-shot all-reduce still works
                 logger.warning("fused all-reduce + RMSNorm unavailable: %s", exc)
                 fused = None
-            if not _all_agree(fused is not None, control_group):
+            if not _all_agree(fused is not None, control_group):  # also: every rank's buffers are ready
                 fused = None
         return cls(device_group.group_name, buffers, fused)
 

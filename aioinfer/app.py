@@ -5,6 +5,7 @@ settings) but loads nothing: the engine starts in the ASGI lifespan.
 """
 
 from aioinfer.entrypoints.openai.api_server import create_app
-from aioinfer.server_config import ServerConfig
+from aioinfer.server_config import ServerConfig, configure_server_logging
 
+configure_server_logging()  # hypercorn shows only its own loggers: without this, no start-up phases
 app = create_app(ServerConfig.from_env())

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
-_DTYPES = ("auto", "float32", "float16", "bfloat16")
-_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+PREEMPTION_MODES = ("recompute", "swap")
+# The devices an engine runs on. Checked here, not when the model loads: a server loads in the
+# background after it listens, and "gpu" should fail at once, not after the port is open.
+_DEVICE_RE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def is_valid_device(name: object) -> bool:
+    """Whether ``name`` is a device an engine accepts: 'auto', 'cpu', 'cuda' or 'cuda:N'."""
+    return isinstance(name, str) and _DEVICE_RE.fullmatch(name) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,8 +30,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check(isinstance(self.model, str) and self.model, "model", self.model, "must be a non-empty string")
-        _check(self.dtype in _DTYPES, "dtype", self.dtype, f"must be one of {_DTYPES}")
-        _check(self.load_format in _LOAD_FORMATS, "load_format", self.load_format, f"must be one of {_LOAD_FORMATS}")
+        _check(self.dtype in DTYPES, "dtype", self.dtype, f"must be one of {DTYPES}")
+        _check(self.load_format in LOAD_FORMATS, "load_format", self.load_format, f"must be one of {LOAD_FORMATS}")
         _check(self.max_model_len is None or _positive_int(self.max_model_len), "max_model_len",
                self.max_model_len, "must be a positive integer or None")
 
@@ -58,7 +68,7 @@ class SchedulerConfig:
         _check(_positive_int(self.max_num_seqs), "max_num_seqs", self.max_num_seqs, "must be a positive integer")
         _check(_positive_int(self.max_num_batched_tokens), "max_num_batched_tokens",
                self.max_num_batched_tokens, "must be a positive integer")
-        _check(self.preemption_mode in ("recompute", "swap"), "preemption_mode", self.preemption_mode,
+        _check(self.preemption_mode in PREEMPTION_MODES, "preemption_mode", self.preemption_mode,
                "must be 'recompute' or 'swap'")
 
 
@@ -80,7 +90,11 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    device: str = "auto"  # auto: cuda when available, else cpu
+    device: str = "auto"  # auto: cuda when available, else cpu; or cpu, cuda, cuda:N
+    # CPU only: torch intra-op threads for this process, set when the model loads (None: torch's count,
+    # capped at the CPUs this process may run on; engine/model_setup.py apply_cpu_threads says why).
+    # Here, not in ModelConfig: like `device`, it says how this process computes, not what the model is.
+    cpu_threads: Optional[int] = None
     attention_backend: str = "auto"
     enforce_eager: bool = False  # True: no CUDA graphs
     max_cuda_graph_batch_size: int = 256  # decode batches up to this size replay captured graphs
@@ -91,6 +105,9 @@ class EngineConfig:
     async_scheduling: Optional[bool] = None  # schedule step N+1 before step N's ids are back (None: on CUDA)
 
     def __post_init__(self) -> None:
+        _check(is_valid_device(self.device), "device", self.device, "must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        _check(self.cpu_threads is None or _positive_int(self.cpu_threads), "cpu_threads", self.cpu_threads,
+               "must be a positive integer or None")
         _check(isinstance(self.enforce_eager, bool), "enforce_eager", self.enforce_eager, "must be a bool")
         _check(_positive_int(self.max_cuda_graph_batch_size), "max_cuda_graph_batch_size",
                self.max_cuda_graph_batch_size, "must be a positive integer")
@@ -108,7 +125,7 @@ class EngineConfig:
             names = {f.name for f in fields(section_cls)}
             sections[section_cls] = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         top = {k: kwargs.pop(k) for k in list(kwargs)
-               if k in ("device", "attention_backend", "enforce_eager", "max_cuda_graph_batch_size",
+               if k in ("device", "cpu_threads", "attention_backend", "enforce_eager", "max_cuda_graph_batch_size",
                         "max_cuda_graph_prefill_tokens", "async_scheduling")}
         if kwargs:
             raise TypeError(f"unknown engine options: {sorted(kwargs)}")

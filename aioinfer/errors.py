@@ -15,6 +15,17 @@ class EngineOverloaded(AioinferError):
         self.retry_after = retry_after  # seconds
 
 
+class AdmissionLimitExceeded(AioinferError, ValueError):
+    """The request (all of its prompts x n at once) needs more than an admission bound allows even
+    with an empty queue: it can never be admitted, so retrying is pointless (HTTP 400)."""
+
+    def __init__(self, message: str, bound: str, limit: int, needed: int) -> None:
+        super().__init__(message)
+        self.bound = bound  # "max_waiting_requests" | "max_waiting_prompt_tokens"
+        self.limit = limit  # the bound's value
+        self.needed = needed  # what the request needs of it
+
+
 class EngineDeadError(AioinferError):
     """The step loop failed; every open request gets this and new ones are refused (HTTP 503)."""
 

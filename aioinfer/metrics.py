@@ -52,8 +52,8 @@ class PrometheusMetrics:
         self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", labels, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r)
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent.", labels, registry=r)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of requests that were scheduled.",
-                                     labels, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens whose prefill completed (counted "
+                                     "at the request's first token, as vLLM does).", labels, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=r)
         self.preemptions = Counter("vllm:num_preemptions", "Requests preempted (KV recomputed or swapped out).", labels,
                                    registry=r)
@@ -114,13 +114,17 @@ class PrometheusMetrics:
             e.waiting.set(stats.num_waiting)
             e.kv_usage.set(stats.kv_usage)
             e.generation_tokens.inc(stats.num_generation_tokens)
+            if stats.num_prefilled_prompt_tokens:
+                e.prompt_tokens.inc(stats.num_prefilled_prompt_tokens)
             if stats.num_preempted:
                 e.preemptions.inc(stats.num_preempted)
             if stats.num_prefix_cache_queries:
                 e.prefix_cache_queries.inc(stats.num_prefix_cache_queries)
                 e.prefix_cache_hits.inc(stats.num_prefix_cache_hits)
             if stats.num_batched_requests:
-                e.iteration_tokens.observe(stats.num_scheduled_tokens)
+                # vLLM's sum: prompt tokens (once, at their first token) + tokens generated, so that a
+                # request counts P + G over its steps (the computed tokens would be P + G - 1).
+                e.iteration_tokens.observe(stats.num_prefilled_prompt_tokens + stats.num_generation_tokens)
                 e.step_requests.observe(stats.num_batched_requests)
                 e.step_time.observe(stats.step_time)
             for swap in stats.swaps:
@@ -133,8 +137,7 @@ class PrometheusMetrics:
     def on_request_done(self, stats: RequestStats) -> None:
         try:
             m, e = self.model_name, self.engine(stats.engine_index)
-            if stats.queue_time is not None:  # it ran, so its prompt was computed
-                e.prompt_tokens.inc(stats.num_prompt_tokens)
+            if stats.queue_time is not None:
                 e.queue_time.observe(stats.queue_time)
             if stats.ttft is not None:
                 e.ttft.observe(stats.ttft)

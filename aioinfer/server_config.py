@@ -8,7 +8,9 @@ instead of serving a misconfigured engine.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional
 
@@ -24,6 +26,7 @@ ENGINE_OPTIONS: dict[str, type] = {
     "max_num_seqs": int,
     "max_num_batched_tokens": int,
     "device": str,
+    "cpu_threads": int,
     "load_format": str,
     "seed": int,
     "tokenizer": str,
@@ -87,6 +90,37 @@ class ServerConfig:
     def engine_arguments(self) -> dict[str, Any]:
         """Keyword arguments for ``Engine(**...)`` (model included)."""
         return {"model": self.model, **self.engine_kwargs}
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_server_logging(level: int = logging.INFO) -> None:
+    """Send the ``aioinfer`` loggers' lines (start-up phases, "engine ready", errors) to stderr
+    while the process has configured no logging of its own.
+
+    For ``hypercorn aioinfer.app:app``, where nothing else would: hypercorn configures its own
+    loggers only, and Python drops the INFO records of loggers nobody configured. The handler
+    steps aside whenever the root logger has handlers (``serve``'s ``basicConfig``, hypercorn's
+    ``--log-config``, an application's setup, even one made after this call): the records then
+    reach those, once. Does nothing if ``aioinfer`` already has a handler or a level. The request
+    log (``aioinfer.requests``) has its own handler (request_log.configure_request_logger).
+    """
+    logger = logging.getLogger("aioinfer")
+    if logger.handlers or logger.level != logging.NOTSET:
+        return
+    handler = _UnlessRootHandles(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logger.addHandler(handler)
+    logger.setLevel(level)
+
+
+class _UnlessRootHandles(logging.StreamHandler):
+    """A StreamHandler that writes only while the root logger has no handler (see above)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not logging.getLogger().handlers:
+            super().emit(record)
 
 
 _FIELD_TYPES: dict[str, type] = {

@@ -128,14 +128,47 @@ async def test_overload_is_refused_at_once(model_dir):
 
 
 @pytest.mark.anyio
+async def test_stall_counts_from_the_first_unread_delta_not_from_a_full_buffer(model_dir):
+    # The buffer holds the whole request (no overflow ever): a consumer that stops reading is still
+    # cut off once it has left output unread for the limit, and the relay probe's clock counts too.
+    async with Engine(model_dir, **OPTIONS, stream_buffer_size=100_000, stall_timeout=0.2) as engine:
+        stream = engine.generate([7], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))
+        await stream.__anext__()
+        with anyio.fail_after(20):
+            while engine.counters["aborted_slow_consumer"] == 0:
+                await anyio.sleep(0.05)
+        with pytest.raises(SlowConsumerError):
+            await collect(stream)
+
+        cut_off = []
+
+        class Recipient:  # an HTTP client behind the consumer that stopped taking data at t = 0
+            def __call__(self, now):
+                return 0.0
+
+            def on_stalled(self):
+                cut_off.append(True)
+
+        stream = engine.generate([7], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
+                                 stall_probe=Recipient())
+        with pytest.raises(SlowConsumerError):  # the consumer reads at once; its recipient does not
+            with anyio.fail_after(20):
+                async for _ in stream:
+                    pass
+        assert cut_off == [True] and engine.counters["aborted_slow_consumer"] == 2
+        await wait_until_idle(engine)
+
+
+@pytest.mark.anyio
 async def test_slow_consumer_gets_merged_deltas_then_is_cut_off(model_dir, offline):
-    async with Engine(model_dir, **OPTIONS, stream_buffer_size=1, stall_timeout=0.05) as engine:
+    async with Engine(model_dir, **OPTIONS, stream_buffer_size=1) as engine:
         # slow but alive: it reads after the whole request was produced; nothing is dropped
         stream = engine.generate(PROMPTS[0], GREEDY)
         await wait_until_idle(engine)
         tokens, text, last = await collect(stream)
         assert tokens == offline["greedy"][0].token_ids and text == offline["greedy"][0].text
 
+    async with Engine(model_dir, **OPTIONS, stream_buffer_size=1, stall_timeout=0.05) as engine:
         # stalled: reads one delta, then nothing for longer than the limit (the request needs ~470 steps)
         stream = engine.generate([7], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))
         await stream.__anext__()

@@ -335,10 +335,10 @@ def test_server_with_two_replicas(model_dir, tmp_path):
         samples = metric_samples(server)
         routed = [metric(samples, "aioinfer:router_requests_total", engine=e) for e in ("0", "1")]
         assert sum(routed) == 14 and min(routed) >= 1, routed
-        for engine in ("0", "1"):  # each replica's series: its warm-up request and at least one routed one
-            assert metric(samples, "vllm:request_success_total", engine=engine) >= 2, engine
+        for engine in ("0", "1"):  # each replica's series: at least one routed request (warm-ups are not counted)
+            assert metric(samples, "vllm:request_success_total", engine=engine) >= 1, engine
             assert any(n == "vllm:kv_cache_usage_perc" and lab.get("engine") == engine for n, lab, _ in samples)
-        assert metric(samples, "vllm:request_success_total") == 14 + 2
+        assert metric(samples, "vllm:request_success_total") == 14
         assert metric(samples, "aioinfer:http_requests_total", status="200") >= 14
 
 

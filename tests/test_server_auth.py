@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 
 import httpx
@@ -21,8 +22,11 @@ def server(tmp_path_factory):
     model_dir = str(make_tiny_model_dir(tmp_path_factory.mktemp("qwen2"), arch="qwen2"))
     argv = ["{python}", "-m", "aioinfer.entrypoints.serve_cli", "--model", model_dir, "--host", "127.0.0.1",
             "--port", "{port}", "--api-key", KEY, "--served-model-name", NAME, "--device", "cpu",
-            "--dtype", "float32", "--max-model-len", "256", "--num-kv-blocks", "128", "--shutdown-grace", "5"]
-    proc = start_server({"AIOINFER_MAX_NUM_SEQS": "8"}, grace=5, argv=argv)
+            "--dtype", "float32", "--max-model-len", "256", "--num-kv-blocks", "128",
+            # A grace no loaded machine exhausts: the stream below must finish, not race the clock
+            # (a request still open when the grace ends is aborted: tests/test_server_shutdown.py).
+            "--shutdown-grace", "120"]
+    proc = start_server({"AIOINFER_MAX_NUM_SEQS": "8"}, grace=120, argv=argv)
     yield proc
     proc.stop()
     proc.close_log()
@@ -51,8 +55,26 @@ def test_openai_client_with_and_without_key(server):
         bad.completions.create(model=NAME, prompt="hi", max_tokens=3)
 
 
+def test_401_names_the_bearer_scheme(server):
+    """RFC 6750: a 401 carries ``WWW-Authenticate: Bearer ...``; it also reaches an asyncio client that
+    sent a large body (the body is read before the API-key check answers)."""
+    async def unauthenticated_large_post():
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await client.post(server.url + "/v1/completions", headers={"Content-Type": "application/json"},
+                                     content=b'{"prompt": "' + b"a" * (4 * 1024 * 1024) + b'"}')
+
+    responses = [httpx.get(server.url + "/v1/models"),
+                 httpx.post(server.url + "/v1/completions", json={"prompt": "hi"},
+                            headers={"Authorization": "Bearer wrong"}),
+                 asyncio.run(unauthenticated_large_post())]
+    for response in responses:
+        assert response.status_code == 401, response.text
+        assert response.headers["WWW-Authenticate"].split()[0] == "Bearer"
+        assert response.json()["error"]["code"] == "invalid_api_key"
+
+
 def test_sigterm_lets_an_open_stream_finish_then_exits(server):
-    """Last test of the module: it stops the server."""
+    """Last test of the module: it stops the server, which exits as soon as the stream is done."""
     body = {"model": NAME, "prompt": "Once upon a time", "max_tokens": 200, "stream": True, "ignore_eos": True}
     events = []
     with httpx.stream("POST", server.url + "/v1/completions", json=body,
@@ -63,7 +85,7 @@ def test_sigterm_lets_an_open_stream_finish_then_exits(server):
         events.extend(line for line in lines if line.startswith("data: "))
     assert events[-1] == "data: [DONE]"
     assert '"finish_reason":"length"' in events[-2]
-    assert server.proc.wait(timeout=15) == 0, server.output()
+    assert server.proc.wait(timeout=60) == 0, server.output()
 
 
 def test_serve_exits_with_status_1_when_the_model_cannot_load(tmp_path):

@@ -58,7 +58,8 @@ def test_64_concurrent_streams_are_batched_and_correct(model_dir, tmp_path):
             return text, usage
 
         async def run_all():
-            return await asyncio.gather(*(one(p) for p in prompts))
+            async with client:  # closed on this loop: a client left to the garbage collector closes on a dead one
+                return await asyncio.gather(*(one(p) for p in prompts))
 
         results = asyncio.run(run_all())
         assert [text for text, _ in results] == expected
@@ -139,3 +140,6 @@ def test_step_loop_failure_reaches_clients_and_health(model_dir, tmp_path):
             assert response.status_code == 503 and "error" in response.json()
             assert client.get(server.url + "/health").status_code == 503
             assert client.get(server.url + "/ready").status_code == 503
+            samples = metric_samples(server)  # a dead engine runs and queues nothing: no stale gauges
+            assert metric(samples, "vllm:num_requests_running") == 0
+            assert metric(samples, "vllm:num_requests_waiting") == 0

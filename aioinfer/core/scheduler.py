@@ -87,6 +87,7 @@ class Scheduler:
         self.num_priority_preemptions = 0  # of those, victims of a waiting request that outranked them
         self.num_swapped_out = 0  # preemptions that went to host memory
         self.num_swapped_in = 0
+        self.last_prefilled_prompt_tokens = 0  # prompt tokens of requests whose first token the last update saw
 
     # ----------------------------------------------------------------- admission
 
@@ -382,6 +383,7 @@ class Scheduler:
     def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineCoreOutput]:
         """Append sampled tokens, finish what stopped; return per-request news."""
         outputs: list[EngineCoreOutput] = []
+        prefilled_prompt_tokens = 0
         logprob_rows = runner_output.logprobs
         # Once per step, not per token: the loop runs for every sampling request.
         get_request = self.requests.get
@@ -393,7 +395,10 @@ class Scheduler:
             if request is None or request.status >= _FIRST_FINISHED:
                 continue  # aborted (or finished by an earlier token) while the step ran
             request.num_pending_tokens -= 1
-            request.output_token_ids.append(token_id)
+            output_ids = request.output_token_ids
+            output_ids.append(token_id)
+            if len(output_ids) == 1:  # its first token: the prompt is done (vLLM counts it now, once)
+                prefilled_prompt_tokens += len(request.prompt_token_ids)
             status = stop_status(request, token_id)
             finish_reason = None
             if status is not None:
@@ -407,6 +412,7 @@ class Scheduler:
                 request_id, [token_id], [logprobs] if logprobs is not None else [], finish_reason,
                 request.stop_reason, len(request.prompt_token_ids), request.num_preemptions,
                 request.num_cached_tokens or 0))
+        self.last_prefilled_prompt_tokens = prefilled_prompt_tokens
         return outputs
 
     def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:

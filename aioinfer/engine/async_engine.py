@@ -19,7 +19,7 @@ import itertools
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union
 
 import anyio
 import anyio.from_thread
@@ -27,6 +27,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from aioinfer.config import EngineConfig
+from aioinfer.engine.admission import AdmissionQueue
 from aioinfer.engine.delta import GenerationDelta
 from aioinfer.engine.input_processor import InputProcessor
 from aioinfer.engine.loop_bridge import LoopBridge
@@ -35,6 +36,7 @@ from aioinfer.engine.request_channel import RequestChannel, event_factory
 from aioinfer.engine.stats import EngineObserver, RequestStats, StepStats
 from aioinfer.engine.step_loop import AddRequest, FinishRequests, StepLoop, StepResult, Stop
 from aioinfer.errors import (
+    AdmissionLimitExceeded,
     EngineDeadError,
     EngineNotReady,
     EngineOverloaded,
@@ -92,11 +94,11 @@ class Engine:
         self._outputs: Optional[OutputProcessor] = None
         self._inputs: Optional[InputProcessor] = None
         self._ids = itertools.count()
-        self._waiting_requests = 0
-        self._waiting_tokens = 0
+        self._admission = AdmissionQueue(max_waiting_requests, max_waiting_prompt_tokens)
         self._accepting = False
         self._dead: Optional[BaseException] = None
         self._ready = False
+        self._warmed_up = False  # observers hear of steps and requests only after the warm-up
         self._last_step: Optional[StepStats] = None
         self._new_event = anyio.Event  # one-shot wake-up events; the running backend's cheapest (__aenter__)
         self.counters = {"aborted_slow_consumer": 0, "rejected_overloaded": 0, "finished": 0, "aborted": 0}
@@ -143,7 +145,9 @@ class Engine:
             self._outputs = OutputProcessor(loaded_model.tokenizer)
             self._accepting = True
             self._task_group.start_soon(self._watchdog, name="aioinfer-slow-consumer-watchdog")
+            warm_up_started = time.perf_counter()
             await self._warm_up()
+            logger.info("warm-up step: done in %.2f s", time.perf_counter() - warm_up_started)
         except BaseException:
             await self._shutdown()
             await self._task_group.__aexit__(None, None, None)
@@ -185,6 +189,7 @@ class Engine:
                              request_id="aioinfer-warm-up")
         async for _ in warm:
             pass
+        self._warmed_up = True
         self._ready = True
 
     def _warm_up_token(self) -> int:
@@ -241,8 +246,15 @@ class Engine:
         deadline: Optional[float] = None,  # anyio clock time (anyio.current_time()) after which it is aborted
         cache_salt: Optional[str] = None,  # prefix-cache isolation: only requests with equal salts share blocks
         stream: bool = True,  # False: one merged delta when the request ends (vLLM's FINAL_ONLY)
+        stall_probe: Optional[Callable[[float], Optional[float]]] = None,  # a relay's recipient: see below
     ) -> AsyncIterator[GenerationDelta]:
         """Validate and admit a request now; returns the async iterator of its deltas.
+
+        A consumer that takes nothing for ``stall_timeout`` seconds while deltas wait for it is
+        aborted (``SlowConsumerError``). A consumer that relays the deltas (an HTTP response) may
+        pass ``stall_probe(now)``: since when (``time.monotonic()``) its own recipient has taken
+        nothing while data waited for it, or None while it keeps up; the same limit applies to it,
+        and the probe's ``on_stalled()``, if it has one, is called when the request is aborted so.
 
         With ``stream=False`` the iterator yields exactly one delta, the merge of every delta a
         streaming request would have yielded (or raises the error / ends with the abort as then);
@@ -268,19 +280,20 @@ class Engine:
                                             cache_salt=cache_salt)
         self._core.scheduler.check_fits(request.num_prompt_tokens, request.max_tokens)  # immutable limits
         self._admit(len(prompt_ids))
-        channel = RequestChannel.open(request_id, len(prompt_ids), self.stream_buffer_size, final_only=not stream)
+        channel = RequestChannel.open(request_id, len(prompt_ids), self.stream_buffer_size, final_only=not stream,
+                                      stall_probe=stall_probe)
         self._channels[request_id] = channel
-        self._waiting_requests += 1
-        self._waiting_tokens += len(prompt_ids)
+        self._admission.enter(len(prompt_ids))
         self._outputs.add_request(request_id, text, prompt_ids, params)
         self._loop.submit(AddRequest(request))
         return self._iterate(channel, deadline)
 
-    async def abort(self, request_id: str) -> None:
-        """Abort a queued or running request; its consumer receives a final delta with finish_reason "abort"."""
+    async def abort(self, request_id: str, *, cause: str = "api") -> None:
+        """Abort a queued or running request; its consumer receives a final delta with finish_reason "abort".
+        ``cause`` is what metrics and request logs record (e.g. "shutdown" from a server going down)."""
         channel = self._channels.get(request_id)
         if channel is not None:
-            self._abort_channel(channel, "api")
+            self._abort_channel(channel, cause)
 
     def stats(self) -> dict:
         step = self._last_step
@@ -288,8 +301,8 @@ class Engine:
             "ready": self.is_ready,
             "dead": self.is_dead,
             "open_requests": len(self._channels),
-            "waiting_admission": self._waiting_requests,
-            "waiting_admission_tokens": self._waiting_tokens,
+            "waiting_admission": self._admission.requests,
+            "waiting_admission_tokens": self._admission.prompt_tokens,
             "num_running": step.num_running if step else 0,
             "num_waiting": step.num_waiting if step else 0,
             "kv_usage": step.kv_usage if step else 0.0,
@@ -351,7 +364,7 @@ class Engine:
             channel = self._channels.get(request_id)
             if channel is not None and channel.scheduled_at is None:
                 channel.scheduled_at = result.step_start
-                self._leave_admission(channel)
+                self._leave_admission(channel, result.step_start)
         outputs = result.outputs
         deltas, stopped_by_string = self._outputs.process(outputs)
         if stopped_by_string:
@@ -372,8 +385,9 @@ class Engine:
                 self._end_channel(channel, "finished", finish_reason=delta.finish_reason)
         if result.stats is not None:
             self._last_step = result.stats
-            for observer in self.observers:
-                _call_observer(observer.on_step, result.stats)
+            if self._warmed_up:  # the warm-up step is the engine's own, not served work: metrics skip it
+                for observer in self.observers:
+                    _call_observer(observer.on_step, result.stats)
 
     def _on_delivery_error(self, error: BaseException) -> None:
         """A step's results could not be delivered: requests may have lost tokens, so the engine is dead."""
@@ -385,6 +399,7 @@ class Engine:
         self._dead = error
         self._accepting = False
         self._ready = False
+        self._last_step = None  # nothing runs or waits any more: stats() and the gauges read 0
         dead = EngineDeadError(f"the engine's step loop failed: {error!r}")
         dead.__cause__ = error
         for channel in list(self._channels.values()):
@@ -399,7 +414,12 @@ class Engine:
                 if channel.stalled_for(now) > self.stall_timeout:
                     self.counters["aborted_slow_consumer"] += 1
                     self._abort_channel(channel, "slow_consumer", error=SlowConsumerError(
-                        f"request {channel.request_id}: the consumer read nothing for {self.stall_timeout:g} s"))
+                        f"request {channel.request_id}: the consumer took nothing for {self.stall_timeout:g} s "
+                        f"while output waited for it"))
+                    # A relay may cut its recipient off (an HTTP response closes the connection).
+                    on_stalled = getattr(channel.stall_probe, "on_stalled", None)
+                    if on_stalled is not None:
+                        _call_observer(on_stalled)
 
     # ------------------------------------------------------------------ helpers
 
@@ -409,25 +429,45 @@ class Engine:
         if not self._accepting:
             raise EngineNotReady("the engine is not running (not started yet, or shutting down)")
 
+    @property
+    def admission(self) -> AdmissionQueue:
+        """The admission queue's counts and bounds (read-only use: a data-parallel router checks rooms)."""
+        return self._admission
+
     def has_room(self, num_prompt_tokens: int) -> bool:
         """Whether ``generate`` would admit a prompt of this many tokens now (False: EngineOverloaded)."""
-        return (self._waiting_requests < self.max_waiting_requests
-                and self._waiting_tokens + num_prompt_tokens <= self.max_waiting_prompt_tokens)
+        return self._admission.has_room(1, num_prompt_tokens)
+
+    def check_admission(self, prompt_lengths: Sequence[int]) -> None:
+        """Check that requests with these prompt lengths could all be admitted now, admitting none:
+        an HTTP request's whole fan-out (prompts x n) is checked before any part of it runs.
+
+        Raises ``AdmissionLimitExceeded`` (a ValueError) when they exceed the bounds even with an
+        empty queue, ``EngineOverloaded`` (with a drain-rate ``retry_after``) when the queue is full now.
+        """
+        self._check_open()
+        try:
+            self._admission.check(prompt_lengths)
+        except EngineOverloaded:
+            self._count_rejected("overloaded")
+            raise
+        except AdmissionLimitExceeded:
+            self._count_rejected("invalid")
+            raise
 
     def _admit(self, num_prompt_tokens: int) -> None:
-        if not self.has_room(num_prompt_tokens):
-            self.counters["rejected_overloaded"] += 1
-            for observer in self.observers:
-                _call_observer(observer.on_rejected, "overloaded")
-            raise EngineOverloaded(
-                f"the engine is at capacity ({self._waiting_requests} requests and {self._waiting_tokens} prompt "
-                f"tokens waiting); retry later", retry_after=1.0)
+        self.check_admission((num_prompt_tokens,))
 
-    def _leave_admission(self, channel: RequestChannel) -> None:
+    def _count_rejected(self, reason: str) -> None:
+        if reason == "overloaded":
+            self.counters["rejected_overloaded"] += 1
+        for observer in self.observers:
+            _call_observer(observer.on_rejected, reason)
+
+    def _leave_admission(self, channel: RequestChannel, now: float) -> None:
         if channel.waiting_admission:
             channel.waiting_admission = False
-            self._waiting_requests -= 1
-            self._waiting_tokens -= channel.num_prompt_tokens
+            self._admission.leave(channel.num_prompt_tokens, now)
 
     def _abort_channel(self, channel: RequestChannel, cause: str, error: Optional[BaseException] = None,
                        notify: bool = True) -> None:
@@ -446,14 +486,16 @@ class Engine:
                      error: Optional[BaseException] = None) -> None:
         if self._channels.pop(channel.request_id, None) is None:
             return
-        self._leave_admission(channel)
+        now = time.monotonic()
+        self._leave_admission(channel, now)
         self._outputs.pop(channel.request_id)
         if error is not None:
             channel.fail(error)
         elif not channel.closed:
             channel.fail(EngineDeadError("the request ended without a final result"))
+        if not self._warmed_up:
+            return  # the warm-up request (the only one before it is done) is not served work: not counted
         self.counters["finished" if status == "finished" else "aborted"] += 1
-        now = time.monotonic()
         stats = RequestStats(
             request_id=channel.request_id,
             status=status,

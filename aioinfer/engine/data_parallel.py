@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator, Optional, Sequence
 import anyio
 
 from aioinfer.config import EngineConfig
+from aioinfer.engine.admission import RETRY_AFTER_UNKNOWN, fits_across, replicas_limit_error
 from aioinfer.engine.async_engine import Engine, Prompt
 from aioinfer.engine.delta import GenerationDelta
 from aioinfer.engine.dp_placement import replica_devices
@@ -185,7 +186,7 @@ class DataParallelEngine:
     def generate(self, prompt: Prompt, sampling_params: Optional[SamplingParams] = None, *,
                  request_id: Optional[str] = None, priority: int = 0,
                  deadline: Optional[float] = None, cache_salt: Optional[str] = None,
-                 stream: bool = True) -> AsyncIterator[GenerationDelta]:
+                 stream: bool = True, stall_probe=None) -> AsyncIterator[GenerationDelta]:
         """As ``Engine.generate`` (``stream=False``: one merged final delta); the request runs on one
         replica from start to end."""
         self._check_open()
@@ -196,13 +197,16 @@ class DataParallelEngine:
         if request_id in self._open:
             raise ValueError(f"request id {request_id!r} is already in use")
         prompt_ids = self._replicas[0].tokenize(prompt)  # once, here: the router hashes the ids
+        self.check_admission((len(prompt_ids),))  # never admissible: 400; all replicas full: 429
         hashes = self.router.block_hashes(prompt_ids, cache_salt)
         route = self.router.choose(hashes, [r.is_ready and r.has_room(len(prompt_ids)) for r in self._replicas])
         if route is None:
-            self._refuse()
+            self._refuse(min((r.admission.retry_after(1, len(prompt_ids)) for r in self._replicas if r.is_ready),
+                             default=RETRY_AFTER_UNKNOWN))
         replica = self._replicas[route.replica]
         deltas = replica.generate(prompt_ids, sampling_params, request_id=request_id, priority=priority,
-                                  deadline=deadline, cache_salt=cache_salt, stream=stream)  # raises on bad input first
+                                  deadline=deadline, cache_salt=cache_salt, stream=stream,
+                                  stall_probe=stall_probe)  # raises on bad input first
         max_tokens = replica.max_model_len - len(prompt_ids)
         if sampling_params is not None and sampling_params.max_tokens is not None:
             max_tokens = sampling_params.max_tokens
@@ -218,11 +222,26 @@ class DataParallelEngine:
                 _safe(on_routed, route.replica, route.by_affinity)
         return self._follow(request_id, deltas)
 
-    async def abort(self, request_id: str) -> None:
+    def check_admission(self, prompt_lengths: Sequence[int]) -> None:
+        """As ``Engine.check_admission``, over the replicas: the requests must fit their queues together
+        (placed longest first; the router then places each one where it has room, so a fan-out that
+        passed is admitted whole except in a race the router's affinity cannot see)."""
+        self._check_open()
+        queues = [r.admission for r in self._replicas]
+        if not fits_across(prompt_lengths, [(q.max_requests, q.max_prompt_tokens) for q in queues]):
+            for observer in self.observers:
+                _safe(observer.on_rejected, "invalid")
+            raise replicas_limit_error(prompt_lengths, queues)
+        ready = [r.admission for r in self._replicas if r.is_ready]
+        if not fits_across(prompt_lengths, [q.room for q in ready]):
+            count, total = len(prompt_lengths), sum(prompt_lengths)
+            self._refuse(min((q.retry_after(count, total) for q in ready), default=RETRY_AFTER_UNKNOWN))
+
+    async def abort(self, request_id: str, *, cause: str = "api") -> None:
         """Abort a request on whichever replica runs it (unknown or ended ids are ignored)."""
         request = self._open.get(request_id)
         if request is not None:
-            await self._replicas[request.replica].abort(request_id)
+            await self._replicas[request.replica].abort(request_id, cause=cause)
 
     async def _follow(self, request_id: str, stream: AsyncIterator[GenerationDelta]) -> AsyncIterator[GenerationDelta]:
         # The replica's stream does the work (cancellation, deadlines, errors); this only tracks load.
@@ -254,11 +273,12 @@ class DataParallelEngine:
         if not self._accepting:
             raise EngineNotReady("the engine is not running (not started yet, or shutting down)")
 
-    def _refuse(self) -> None:
+    def _refuse(self, retry_after: float) -> None:
         self._rejected += 1
         for observer in self.observers:
             _safe(observer.on_rejected, "overloaded")
-        raise EngineOverloaded(f"all {len(self._replicas)} replicas are at capacity; retry later", retry_after=1.0)
+        raise EngineOverloaded(f"all {len(self._replicas)} replicas are at capacity; retry later",
+                               retry_after=retry_after)
 
 
 def create_engine(model: Optional[str] = None, **kwargs: Any):

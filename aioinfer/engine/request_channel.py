@@ -2,8 +2,11 @@
 
 The producer (the engine's dispatcher, on the event loop) never waits: when the stream's buffer
 is full, new deltas are merged into ``pending`` instead of being dropped, and ``pending`` moves
-into the stream as soon as the consumer makes room. A consumer that leaves ``pending`` waiting
-for longer than the stall limit is cut off by the engine.
+into the stream as soon as the consumer makes room. A consumer that has taken nothing for longer
+than the stall limit while deltas waited for it (``unread_since``, counted from the first delta it
+has not taken, not from the moment the buffer filled) is cut off by the engine. A consumer that
+relays the deltas further (an HTTP response) can hand in ``stall_probe``: since when its own
+recipient has taken nothing while data waited, which the engine's watchdog counts the same way.
 
 The consumer does not park in the stream's ``receive()``: with hundreds of streams that one call
 was half of the event loop's time per token (a checkpoint, a task-info record and an event per
@@ -42,7 +45,10 @@ class RequestChannel:
     error: Optional[BaseException] = None  # raised to the consumer once the buffer is drained
     closed: bool = False  # no more deltas will come (finished, aborted or failed)
     waiting_admission: bool = True  # counted against the admission bounds until its first step
-    overflow_since: Optional[float] = None  # time.monotonic() when pending was first needed (stall detection)
+    unread_since: Optional[float] = None  # time.monotonic() of the oldest delta not taken yet (stall detection)
+    # Relays (an HTTP response): stall_probe(now) -> since when the relay's recipient took nothing
+    # while data waited for it (time.monotonic()), or None when it is keeping up.
+    stall_probe: Optional[Callable[[float], Optional[float]]] = None
     # timings for RequestStats
     scheduled_at: Optional[float] = None
     first_token_at: Optional[float] = None
@@ -54,11 +60,11 @@ class RequestChannel:
     abort_cause: Optional[str] = None
 
     @classmethod
-    def open(cls, request_id: str, num_prompt_tokens: int, buffer_size: int,
-             final_only: bool = False) -> "RequestChannel":
+    def open(cls, request_id: str, num_prompt_tokens: int, buffer_size: int, final_only: bool = False,
+             stall_probe: Optional[Callable[[float], Optional[float]]] = None) -> "RequestChannel":
         send, receive = anyio.create_memory_object_stream[object](max_buffer_size=buffer_size)
         return cls(request_id=request_id, num_prompt_tokens=num_prompt_tokens, send=send, receive=receive,
-                   arrival=time.monotonic(), final_only=final_only)
+                   arrival=time.monotonic(), final_only=final_only, stall_probe=stall_probe)
 
     def deliver(self, delta: GenerationDelta, now: float) -> None:
         """Never blocks: appends to the stream, or merges into ``pending`` when the buffer is full
@@ -73,6 +79,8 @@ class RequestChannel:
             self.last_token_at = now
         self.num_output_tokens = delta.num_output_tokens
         self.num_cached_tokens = delta.num_cached_tokens
+        if self.unread_since is None and not self.final_only:  # final-only: nothing is for reading yet
+            self.unread_since = now
         pending = self.pending
         if pending is not None:
             pending.add(delta)
@@ -85,7 +93,6 @@ class RequestChannel:
                 self.send.send_nowait(delta)
             except anyio.WouldBlock:
                 self.pending = DeltaMerger(delta)
-                self.overflow_since = now
             else:
                 self.queued += 1
                 self._wake()
@@ -103,8 +110,11 @@ class RequestChannel:
             for _ in range(count - 1):
                 merger.add(receive_nowait())
             item = merger.result()
+        self.unread_since = None
         if self.pending is not None:
             self.flush()
+            if self.queued:  # what overflowed is now in the buffer, unread: the clock restarts at this read
+                self.unread_since = time.monotonic()
         return item
 
     def flush(self) -> None:
@@ -118,7 +128,6 @@ class RequestChannel:
             return
         self.queued += 1
         self.pending = None
-        self.overflow_since = None
         if self.closed:
             self.send.close()
         self._wake()
@@ -133,11 +142,15 @@ class RequestChannel:
         self._wake()
 
     def stalled_for(self, now: float) -> float:
-        """Seconds the consumer has left merged deltas waiting without reading anything (every read
-        makes room and moves ``pending`` into the stream, so the clock starts at the overflow)."""
-        if self.pending is None or self.overflow_since is None:
-            return 0.0
-        return now - self.overflow_since
+        """Seconds the consumer has taken nothing while deltas waited for it: since the oldest delta it
+        has not taken, or, for a relay, since its recipient last took data (``stall_probe``)."""
+        since = self.unread_since
+        probe = self.stall_probe
+        if probe is not None:
+            relayed = probe(now)
+            if relayed is not None and (since is None or relayed < since):
+                since = relayed
+        return 0.0 if since is None else now - since
 
     def _wake(self) -> None:
         waiter = self.waiter

@@ -36,6 +36,9 @@ class StepStats:
     swaps: tuple[SwapTiming, ...] = ()  # KV swap copies whose timing completed since the last report
     num_prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache by this step's admissions
     num_prefix_cache_hits: int = 0  # of those, tokens served from the cache
+    # Prompt lengths of the requests that sampled their first token in this step (vLLM's prompt
+    # tokens of an iteration: a prompt counts once, when its prefill is complete, whatever its chunks).
+    num_prefilled_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,6 +136,7 @@ class StepLoop:
                     swaps=core.take_swap_timings(),
                     num_prefix_cache_queries=scheduler_output.num_prefix_cache_queries,
                     num_prefix_cache_hits=scheduler_output.num_prefix_cache_hits,
+                    num_prefilled_prompt_tokens=scheduler.last_prefilled_prompt_tokens,
                 ),
             ))
 

@@ -19,8 +19,14 @@ def load_tokenizer(source, tokenizer_path: Optional[str] = None):
         return AutoTokenizer.from_pretrained(tokenizer_path)
     path = Path(source.path)
     if source.kind == "gguf":
-        # transformers rebuilds the tokenizer (and chat template) from the GGUF metadata.
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        # transformers rebuilds the tokenizer (and chat template) from the GGUF metadata; a source
+        # opened with open_model_source lends it the metadata this load already parsed.
+        if getattr(source, "gguf", None) is None:
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        from aioinfer.models.gguf_loader import lend_parsed_gguf
+
+        with lend_parsed_gguf(path, source.gguf):
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     folder = Path(source.folder)
     if any((folder / name).exists() for name in _TOKENIZER_FILES):
         return AutoTokenizer.from_pretrained(str(folder))

@@ -15,6 +15,8 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--cpu-threads", type=int, default=None,
+                        help="CPU device: torch intra-op threads (default: torch's, at most the CPUs this process may use)")
 
 
 def _sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +32,7 @@ def _make_llm(args):
 
     return LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, block_size=args.block_size,
                num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
-               max_num_batched_tokens=args.max_num_batched_tokens, device=args.device)
+               max_num_batched_tokens=args.max_num_batched_tokens, device=args.device, cpu_threads=args.cpu_threads)
 
 
 def _params(args):

@@ -9,6 +9,7 @@ from aioinfer.config import EngineConfig
 from aioinfer.engine.engine_core import EngineCore
 from aioinfer.engine.input_processor import InputProcessor, PromptInput
 from aioinfer.engine.output_processor import OutputProcessor
+from aioinfer.entrypoints.chat_content import content_text
 from aioinfer.outputs import RequestOutput
 from aioinfer.request import RequestStatus
 from aioinfer.sampling_params import SamplingParams
@@ -98,10 +99,14 @@ class LLM:
         chat_template: Optional[str] = None,
         add_generation_prompt: bool = True,
     ) -> list[RequestOutput]:
-        """Generate replies to one conversation or a list of them, through the tokenizer's chat template."""
+        """Generate replies to one conversation or a list of them, through the tokenizer's chat template.
+
+        A message's ``content`` may be a string or a list of ``{"type": "text", "text": ...}`` parts
+        (joined with newlines, as the server does); other part types raise ValueError naming them."""
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so no chat template")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        conversations = [_text_messages(conv) for conv in conversations]  # all checked before any runs
         prompts = [self.tokenizer.apply_chat_template(conv, tokenize=False, chat_template=chat_template,
                                                       add_generation_prompt=add_generation_prompt)
                    for conv in conversations]
@@ -163,6 +168,12 @@ class LLM:
                                          outputs=outputs, finished=True,
                                          num_cached_tokens=max(processor.num_cached_tokens(c) for c in children)))
         return results
+
+
+def _text_messages(conversation: list[dict]) -> list[dict]:
+    # Templates concatenate content as a string: lists of parts become one (the server's rule too).
+    return [{**m, "content": content_text(m["content"], f"message {i}, ")} if "content" in m else m
+            for i, m in enumerate(conversation)]
 
 
 def _as_prompt_list(prompts) -> list[PromptInput]:

@@ -4,6 +4,11 @@ Flags override the ``AIOINFER_*`` environment variables, which override the defa
 SIGTERM starts a graceful shutdown: /ready turns 503 and new requests are refused at once,
 in-flight requests get ``--shutdown-grace`` seconds to finish, then the rest are aborted and the
 engine stops. A second signal is ignored (the shutdown is already bounded).
+
+Boolean engine options are switches (``--enforce-eager`` / ``--no-enforce-eager``); left out, the
+``AIOINFER_*`` variable or the default applies. Bad settings and a port in use stop ``serve``
+before anything loads, with one ``aioinfer serve: error: ...`` line (status 2 for bad settings,
+1 for a port that cannot be bound).
 """
 
 from __future__ import annotations
@@ -11,11 +16,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
 import logging
 import signal
-from typing import Any, Optional
+import socket
+import sys
+from typing import Any, NoReturn, Optional
 
-from aioinfer.server_config import ENGINE_OPTIONS, ServerConfig
+from aioinfer.config import DTYPES, LOAD_FORMATS, PREEMPTION_MODES, is_valid_device
+from aioinfer.server_config import ENGINE_OPTIONS, LOG_FORMAT, ServerConfig
 
 # flag -> (ServerConfig field or engine option, type, help)
 _SERVER_FLAGS: dict[str, tuple[str, Any, str]] = {
@@ -38,23 +47,80 @@ _ENGINE_HELP = {
     "tensor_parallel_size": "ranks splitting each layer (one worker process per extra rank)",
     "preemption_mode": "recompute | swap (to pinned host memory)",
     "swap_space_gib": "pinned host memory for swapped-out KV blocks, GiB",
+    "device": "auto (cuda when available, else cpu) | cpu | cuda | cuda:N",
+    "cpu_threads": "CPU device: torch intra-op threads (default: torch's, at most the CPUs this process may use)",
+    "enforce_eager": "no CUDA graphs (default: --no-enforce-eager, graphs on CUDA)",
+    "async_scheduling": "schedule step N+1 before step N's results are back (default: on CUDA, off on CPU)",
+    "enable_prefix_caching": "reuse KV blocks of equal prompt prefixes (default: on)",
 }
+# Values argparse checks up front (status 2), from the engine config's own lists.
+_ENGINE_CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "preemption_mode": PREEMPTION_MODES}
+PROG = "aioinfer serve"
+
+
+class _Switch(argparse.BooleanOptionalAction):
+    """``--x`` / ``--no-x``, vLLM's form of a boolean option, taking no value.
+
+    It accepts an optional value only to refuse it: with a plain BooleanOptionalAction,
+    ``--enforce-eager false`` would leave ``false`` to argparse as a stray word, reported as
+    ``unrecognized arguments: false``; here it names the switch and the two ways to write it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.nargs = "?"
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if values is not None:
+            raise argparse.ArgumentError(self, f"takes no value (got {values!r}): write {self.option_strings[0]} "
+                                               f"or {self.option_strings[1]}")
+        super().__call__(parser, namespace, None, option_string)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, _Switch):  # no value to show (nargs "?" exists only to refuse one)
+            return ", ".join(action.option_strings)
+        return super()._format_action_invocation(action)
+
+
+def _device(value: str) -> str:
+    if not is_valid_device(value):
+        raise argparse.ArgumentTypeError(f"invalid device {value!r}: expected auto, cpu, cuda or cuda:N")
+    return value
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {value!r}: expected an integer from 0 to 65535")
+    return port
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``serve`` subcommand to the main CLI; it sets ``func=run_serve``."""
-    parser = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # A one-line usage: the full one lists every flag, and would bury the one-line error under it.
+    parser = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server", prog=PROG,
+                                   usage="%(prog)s [options]  (all options: %(prog)s --help)",
+                                   description=__doc__, formatter_class=_HelpFormatter)
     parser.add_argument("--model", default=None, help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all interfaces)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=_port, default=8000)
     for flag, (_, typ, text) in _SERVER_FLAGS.items():
         parser.add_argument(flag, type=typ, default=None, help=text)
     for option, typ in ENGINE_OPTIONS.items():
         if option == "fault_inject_step":
             continue  # tests only (AIOINFER_FAULT_INJECT_STEP)
-        parser.add_argument("--" + option.replace("_", "-"), dest=option, type=typ, default=None,
-                            help=_ENGINE_HELP.get(option))
+        flag = "--" + option.replace("_", "-")
+        # default None everywhere: an absent flag leaves the AIOINFER_* variable (or the default) in force
+        if typ is bool:
+            parser.add_argument(flag, dest=option, action=_Switch, default=None, help=_ENGINE_HELP.get(option))
+        else:
+            parser.add_argument(flag, dest=option, type=_device if option == "device" else typ, default=None,
+                                choices=_ENGINE_CHOICES.get(option), help=_ENGINE_HELP.get(option))
     parser.add_argument("--disable-log-requests", action="store_true", help="no per-request JSON log lines")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=run_serve)
@@ -77,9 +143,78 @@ def config_from_args(args: argparse.Namespace, environ=None) -> ServerConfig:
 
 
 def run_serve(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = config_from_args(args)
-    asyncio.run(serve(config, args.host, args.port))
+    """``serve``'s entry: settings and the port are checked before anything loads (see the module docstring)."""
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    try:
+        config = config_from_args(args)  # malformed AIOINFER_* variables
+        _check_engine_arguments(config)  # values argparse cannot check: the engine's own validation
+    except ValueError as exc:
+        _fail(str(exc), status=2)
+    try:
+        _check_port_free(args.host, args.port)
+    except OSError as exc:
+        _fail(_bind_error_message(exc, args.host, args.port), status=1)
+    try:
+        asyncio.run(serve(config, args.host, args.port))
+    except OSError as exc:  # hypercorn's bind, if the port was taken since check_port_free
+        if not _is_bind_error(exc):
+            raise
+        _fail(_bind_error_message(exc, args.host, args.port), status=1)
+
+
+def _fail(message: str, status: int) -> NoReturn:
+    """One line on stderr, argparse's style, and exit: no traceback for a user's mistake."""
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(status)
+
+
+def _check_engine_arguments(config: ServerConfig) -> None:
+    """Build, without loading, the engine the server will build, and check that an explicit CUDA
+    device exists: ValueError now, rather than a logged traceback after the port is open (the
+    model loads in the background once the server listens)."""
+    from aioinfer.engine.data_parallel import create_engine
+    from aioinfer.engine.model_setup import resolve_device
+
+    engine = create_engine(**config.engine_arguments())
+    if engine.config.device != "auto":
+        resolve_device(engine.config.device)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Bind the address as hypercorn will (its own socket code), then let it go; OSError if it cannot.
+
+    hypercorn binds only after the app's startup, which has already started loading the engine on
+    its thread: a port in use found there leaves that thread to be killed at exit (an abort, not a
+    clean status), so it is looked for first. The small window until hypercorn binds remains, and
+    ``run_serve`` reports a bind error from there the same way.
+    """
+    from hypercorn.config import Config
+
+    probe = Config()
+    probe.bind = [_bind_address(host, port)]
+    for sock in probe.create_sockets().insecure_sockets:
+        sock.close()
+
+
+def _bind_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # as serve() gives it to hypercorn
+
+
+_BIND_ERRNOS = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
+
+
+def _is_bind_error(exc: OSError) -> bool:
+    return isinstance(exc, socket.gaierror) or exc.errno in _BIND_ERRNOS
+
+
+def _bind_error_message(exc: OSError, host: str, port: int) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {port} on {host} is already in use"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {host}:{port}: {host} is not an address of this machine"
+    if exc.errno == errno.EACCES:
+        return f"cannot listen on {host}:{port}: permission denied (ports below 1024 need privileges)"
+    return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
 
 
 async def serve(config: ServerConfig, host: str, port: int) -> None:
@@ -88,17 +223,21 @@ async def serve(config: ServerConfig, host: str, port: int) -> None:
     from hypercorn.config import Config
 
     from aioinfer.entrypoints.openai.api_server import create_app, get_state
+    from aioinfer.entrypoints.openai.shutdown import FLUSH_SECONDS, end_after_grace
 
     app = create_app(config)
     state = get_state(app)
     hconfig = Config()
     hconfig.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    hconfig.graceful_timeout = config.shutdown_grace  # in-flight requests' time to finish
+    # The grace is ours (end_after_grace aborts what is still open when it ends, and the responses
+    # end well); hypercorn's own timeout, after it, is only the backstop for a response that hangs.
+    hconfig.graceful_timeout = config.shutdown_grace + FLUSH_SECONDS + 1
     hconfig.accesslog = None  # the app writes its own structured request log
     hconfig.errorlog = logging.getLogger("hypercorn.error")
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    drain: list[asyncio.Task] = []  # owned here, awaited after hypercorn returns
 
     def on_signal(signum: int) -> None:
         if stop.is_set():
@@ -106,6 +245,8 @@ async def serve(config: ServerConfig, host: str, port: int) -> None:
         logging.getLogger("aioinfer.server").info(
             "%s: draining (up to %g s for in-flight requests)", signal.Signals(signum).name, config.shutdown_grace)
         state.draining = True  # new requests: 503; /ready: 503
+        drain.append(loop.create_task(end_after_grace(state.responses, config.shutdown_grace),
+                                      name="aioinfer-shutdown-grace"))
         stop.set()
 
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -116,6 +257,9 @@ async def serve(config: ServerConfig, host: str, port: int) -> None:
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+        for task in drain:
+            task.cancel()  # done already, unless hypercorn's backstop ended the wait first
+            await asyncio.gather(task, return_exceptions=True)
     if state.load_error is not None:
         raise SystemExit(1)
 

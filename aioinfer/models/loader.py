@@ -7,8 +7,9 @@ tensor.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -29,6 +30,10 @@ class ModelSource:
 
     kind: str  # "hf" | "gguf"
     path: Path  # the folder for "hf", the .gguf file for "gguf"
+    # The parsed GGUF (a gguf.GGUFReader) once ``open_model_source`` read it, else None. Parsing a
+    # GGUF's metadata takes seconds (SmolLM2's 49k tokens and 48k merges), so one load parses it
+    # once and the arch config, the weights and the tokenizer all read that one.
+    gguf: Any = field(default=None, compare=False, repr=False)
 
     @property
     def folder(self) -> Path:
@@ -60,12 +65,30 @@ def resolve_model_source(model: str | Path) -> ModelSource:
     )
 
 
+def open_model_source(model: "str | Path | ModelSource") -> ModelSource:
+    """``resolve_model_source``, with a GGUF's metadata parsed now, once, for every reader of this load."""
+    source = model if isinstance(model, ModelSource) else resolve_model_source(model)
+    if source.kind != "gguf" or source.gguf is not None:
+        return source
+    from aioinfer.models.gguf_loader import open_gguf
+
+    return dataclasses.replace(source, gguf=open_gguf(source.path))
+
+
+def _gguf_reader(source: ModelSource) -> Any:
+    if source.gguf is not None:
+        return source.gguf
+    from aioinfer.models.gguf_loader import open_gguf
+
+    return open_gguf(source.path)
+
+
 def load_arch_config(source: ModelSource) -> ArchConfig:
     if source.kind == "hf":
         return ArchConfig.from_hf_dict(json.loads((source.path / "config.json").read_text()))
-    from aioinfer.models.gguf_loader import arch_config_from_gguf, open_gguf
+    from aioinfer.models.gguf_loader import arch_config_from_gguf
 
-    return arch_config_from_gguf(open_gguf(source.path))
+    return arch_config_from_gguf(_gguf_reader(source))
 
 
 def load_generation_defaults(source: ModelSource) -> dict[str, Any]:
@@ -110,7 +133,8 @@ def load_model(
     seed: int = 0,
     tp: Optional[TPGroup] = None,
 ) -> tuple[DecoderForCausalLM, ArchConfig]:
-    """Build the model for ``source`` in ``dtype`` on ``device`` and fill its weights.
+    """Build the model for ``source`` in ``dtype`` on ``device`` and fill its weights (a source from
+    ``open_model_source`` lends its parsed GGUF; otherwise a GGUF is parsed here).
 
     load_format: "auto" (by source kind), "safetensors", "gguf", or "dummy" (random weights from
     the config alone, deterministic by ``seed``). With a tensor-parallel group ``tp`` the model
@@ -129,9 +153,9 @@ def load_model(
 
     reader = None
     if source.kind == "gguf":
-        from aioinfer.models.gguf_loader import arch_config_from_gguf, open_gguf
+        from aioinfer.models.gguf_loader import arch_config_from_gguf
 
-        reader = open_gguf(source.path)
+        reader = _gguf_reader(source)  # parsed once for both the config and the weights
         cfg = arch_config_from_gguf(reader)
     else:
         cfg = load_arch_config(source)

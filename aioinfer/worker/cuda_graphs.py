@@ -22,6 +22,7 @@ reads host lists, like the torch one, cannot be captured; see ``supports_cuda_gr
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -138,6 +139,7 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
+        started = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         # torch.cuda.graph's default capture stream is one per process, made on whichever device was
         # current at the first capture: a second data-parallel replica (cuda:1) would capture on
@@ -158,8 +160,9 @@ class CudaGraphRunner:
         for batch_size in reversed(self.buckets):
             self._graphs[batch_size] = self._capture(pool, self.metadata(batch_size), batch_size)
         torch.cuda.synchronize()
-        logger.info("captured %d CUDA graphs for decode batch sizes %s and %d for prefill / mixed steps of up to %s "
-                    "tokens", len(self._graphs), self.buckets, len(self._token_graphs), self.token_buckets)
+        logger.info("CUDA graphs: captured %d for decode batch sizes %s and %d for prefill / mixed steps of up to %s "
+                    "tokens in %.2f s", len(self._graphs), self.buckets, len(self._token_graphs), self.token_buckets,
+                    time.perf_counter() - started)
 
     def _capture(self, pool, metadata: AttentionMetadata, num_tokens: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         buf = self.inputs

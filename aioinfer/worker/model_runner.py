@@ -6,6 +6,7 @@ Owns all torch state (weights, KV cache, sampler). Lives on the GPU thread.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -43,8 +44,13 @@ class ModelRunner:
             head_dim=arch.head_dim,
             dtype=dtype,
         )
+        started = time.perf_counter()
         self.num_kv_blocks = choose_num_blocks(config, self.spec, device, max_model_len)
         self.kv_caches = allocate_kv_caches(self.spec, self.num_kv_blocks, device)
+        kv_bytes = self.spec.bytes_per_block * self.num_kv_blocks
+        logger.info("KV cache: %d blocks of %d tokens, %d bytes (%.1f MiB) on %s, allocated in %.2f s",
+                    self.num_kv_blocks, self.block_size, kv_bytes, kv_bytes / 2**20, device,
+                    time.perf_counter() - started)
         for layer, cache in zip(model.attention_layers(), self.kv_caches):
             layer.kv_cache = cache
         # Swap preemption: the host pool the scheduler hands out runs of (0 blocks: recompute only).
@@ -82,8 +88,6 @@ class ModelRunner:
         # updated in place (output tokens, pending count) rather than rebuilt for every step.
         self._states: dict[str, SamplingRow] = {}
         self._last_sampled: tuple[Optional[torch.Tensor], dict[str, int]] = (None, {})
-        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", self.num_kv_blocks, self.block_size,
-                    self.spec.bytes_per_block * self.num_kv_blocks / 2**20)
 
     def _decode_splits(self, bucket: int) -> Optional[int]:
         """Split-K count for decode batches of this bucket: one choice for eager steps and graphs alike."""

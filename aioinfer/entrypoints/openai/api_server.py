@@ -8,6 +8,7 @@ built from the environment.
 from __future__ import annotations
 
 import hmac
+import math
 import logging
 import time
 from typing import Optional
@@ -16,8 +17,11 @@ from quart import Quart, request
 from werkzeug.exceptions import HTTPException
 
 import aioinfer
-from aioinfer.entrypoints.openai.errors import APIError, unauthorized
+from aioinfer.entrypoints.openai.body_limit import BODY_ERROR, TOO_LARGE, BodyLimit
+from aioinfer.entrypoints.openai.content_type import require_json
+from aioinfer.entrypoints.openai.errors import APIError, request_timeout, request_too_large, unauthorized
 from aioinfer.entrypoints.openai.server_state import ServerState
+from aioinfer.entrypoints.openai.shutdown import EndOpenResponses
 from aioinfer.entrypoints.openai.serving_chat import create_chat_completion
 from aioinfer.entrypoints.openai.serving_completions import create_completion
 from aioinfer.entrypoints.openai.serving_tokens import detokenize, tokenize
@@ -30,15 +34,21 @@ logger = logging.getLogger("aioinfer.server")
 # Probes and scrapes must work without credentials (load balancers, Prometheus).
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 STATE_KEY = "aioinfer"
+# RFC 6750: a 401 names the scheme the client must use.
+WWW_AUTHENTICATE = 'Bearer realm="aioinfer"'
 
 
 def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Quart:
     config = config or ServerConfig.from_env()
     app = Quart("aioinfer")
-    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes  # larger bodies: 413
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes  # larger bodies: 413 (BodyLimit decides first)
     app.config["RESPONSE_TIMEOUT"] = None  # streams last as long as generation does
     app.config["BODY_TIMEOUT"] = 60  # seconds to receive a request body
+    # Bodies are read whole before a route runs, so that no answer (413 above all) is lost to a reset.
+    app.asgi_app = BodyLimit(app.asgi_app, config.max_body_bytes, timeout=app.config["BODY_TIMEOUT"])
     state = ServerState(config, engine_factory)
+    # Requests still open when the server's graceful timeout ends end well, not cut (shutdown.py).
+    app.asgi_app = EndOpenResponses(app.asgi_app, state.responses)  # type: ignore[method-assign]
     app.extensions[STATE_KEY] = state
     started = int(time.time())
     expected_auth = f"Bearer {config.api_key}".encode() if config.api_key else None
@@ -50,6 +60,14 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
     @app.after_serving
     async def _stop() -> None:
         await state.stop()
+
+    @app.before_request
+    async def _body_verdict():
+        error = request.scope.get(BODY_ERROR)  # BodyLimit's verdict on a body it did not hand on
+        if error == TOO_LARGE:
+            raise request_too_large(config.max_body_bytes)
+        if error is not None:
+            raise request_timeout(app.config["BODY_TIMEOUT"])
 
     @app.before_request
     async def _authenticate():
@@ -77,11 +95,10 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException):
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.code, "http_error")
-        message = exc.description or exc.name
-        if exc.code == 413:
-            message = f"The request body is larger than the limit of {config.max_body_bytes} bytes."
-        return _error_response(APIError(exc.code or 400, message, code=code))
+        if exc.code == 413:  # Quart's own limit, a backstop behind BodyLimit
+            return _error_response(request_too_large(config.max_body_bytes))
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.code, "http_error")
+        return _error_response(APIError(exc.code or 400, exc.description or exc.name, code=code))
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception):
@@ -91,14 +108,18 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
 
     # ------------------------------------------------------------------ OpenAI routes
 
+    async def json_body() -> bytes:
+        require_json(request.headers.get("Content-Type"))  # 415 otherwise
+        return await request.get_data(cache=False)
+
     @app.post("/v1/completions")
     async def completions():
-        body = await request.get_data(cache=False)
+        body = await json_body()
         return await create_completion(state, body, request.headers.get("X-Request-Id"))
 
     @app.post("/v1/chat/completions")
     async def chat_completions():
-        body = await request.get_data(cache=False)
+        body = await json_body()
         return await create_chat_completion(state, body, request.headers.get("X-Request-Id"))
 
     @app.get("/v1/models")
@@ -112,11 +133,11 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
 
     @app.post("/tokenize")
     async def tokenize_route():
-        return json_response(tokenize(state, await request.get_data(cache=False)))
+        return json_response(tokenize(state, await json_body()))
 
     @app.post("/detokenize")
     async def detokenize_route():
-        return json_response(detokenize(state, await request.get_data(cache=False)))
+        return json_response(detokenize(state, await json_body()))
 
     # ------------------------------------------------------------------ operations
 
@@ -142,8 +163,8 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
     async def metrics():
         if state.metrics is None:
             return json_response({"status": "starting"}, status=503)
-        if state.engine is not None and state.engine.is_ready:
-            state.metrics.refresh(state.engine.stats())
+        if state.engine is not None and (state.engine.is_ready or state.engine.is_dead):
+            state.metrics.refresh(state.engine.stats())  # a dead engine runs nothing: its gauges read 0
         return state.metrics.render(), 200, {"Content-Type": CONTENT_TYPE}
 
     return app
@@ -152,7 +173,9 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
 def _error_response(exc: APIError):
     headers = {}
     if exc.retry_after is not None:
-        headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))  # whole seconds, never early
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = WWW_AUTHENTICATE
     response = json_response(exc.body(), status=exc.status, headers=headers)
     response.error_code = exc.code  # type: ignore[attr-defined] - for the request log
     return response

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from aioinfer.core.scheduler import RequestTooLongError
 from aioinfer.errors import (
+    AdmissionLimitExceeded,
     EngineDeadError,
     EngineNotReady,
     EngineOverloaded,
@@ -48,6 +49,25 @@ def model_not_found(name: str) -> APIError:
 def unauthorized() -> APIError:
     return APIError(401, "Invalid or missing API key: send it as 'Authorization: Bearer <key>'.",
                     type="authentication_error", code="invalid_api_key")
+
+
+def request_too_large(limit: int) -> APIError:
+    return APIError(413, f"The request body is larger than the limit of {limit} bytes.", code="request_too_large")
+
+
+def request_timeout(seconds: Optional[float]) -> APIError:
+    within = f" within {seconds:g} seconds" if seconds is not None else ""
+    return APIError(408, f"The request body was not received{within}.", type="timeout", code="request_timeout")
+
+
+def unsupported_media_type(content_type: Optional[str]) -> APIError:
+    got = f"got {content_type!r}" if content_type else "no Content-Type header"
+    return APIError(415, f"Unsupported Media Type: only 'application/json' is allowed ({got}).",
+                    code="unsupported_media_type")
+
+
+def shutting_down(message: str = "The server is shutting down.") -> APIError:
+    return APIError(503, message, type="service_unavailable", code="shutting_down")
 
 
 def not_ready() -> APIError:
@@ -100,6 +120,9 @@ def from_engine_error(exc: BaseException) -> APIError:
         return APIError(504, str(exc), type="timeout", code="deadline_exceeded")
     if isinstance(exc, SlowConsumerError):
         return APIError(408, str(exc), type="timeout", code="slow_consumer")
+    if isinstance(exc, AdmissionLimitExceeded):  # before ValueError: it is one, with its own code
+        return bad_request(str(exc), param="n" if exc.bound == "max_waiting_requests" else None,
+                           code="admission_limit_exceeded")
     if isinstance(exc, ValueError):
         message = str(exc)
         is_length = isinstance(exc, RequestTooLongError) or "maximum context length" in message

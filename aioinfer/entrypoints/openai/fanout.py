@@ -5,7 +5,9 @@ its consumer once, with the whole merged output, instead of once per step (the r
 from that one delta per choice, exactly as from the merged stream).
 
 Every engine request is admitted up front, synchronously, so that a bad prompt or a full queue
-fails the whole HTTP request before anything is streamed and before any choice runs alone.
+fails the whole HTTP request before anything is streamed and before any choice runs alone. The
+admission bounds are checked for the whole fan-out before the first choice is admitted: a request
+too large for them costs the engine nothing, whether it is refused for now (429) or for ever (400).
 
 Ownership: each engine stream is iterated and closed by exactly one task (the consumer itself
 when there is one stream, else one pump task per stream), because the engine's iterator may hold
@@ -42,21 +44,28 @@ class ChoiceStreams:
         self.engine = engine
         self.started = started
         self.request_ids = [rid for _, rid, _ in started]
+        self.shut_down = False  # aborted because the server is going down (not finished, not by the client)
         # Safety net for the one path no finally covers: the response object is dropped before its
         # body was ever iterated (the client left between the handler's return and the first byte).
         self._finalizer = weakref.finalize(self, _abort_soon, engine, tuple(self.request_ids))
 
     @classmethod
     def admit(cls, engine, specs: Sequence[ChoiceSpec], base_id: str, priority: int,
-              cache_salt: Optional[str] = None, stream: bool = True) -> "ChoiceStreams":
+              cache_salt: Optional[str] = None, stream: bool = True, stall_probe=None) -> "ChoiceStreams":
         """Call ``engine.generate`` for every choice; on any error abort the ones already admitted.
-        ``stream=False``: each choice's deltas arrive as one merged final delta."""
+        ``stream=False``: each choice's deltas arrive as one merged final delta. ``stall_probe``: the
+        client connection's (shared by every choice: one connection carries them all)."""
+        check = getattr(engine, "check_admission", None)
+        if check is not None:  # the whole fan-out at once: admit all of it or nothing (never n-1 to abort)
+            check([len(engine.tokenize(s.prompt)) if isinstance(s.prompt, str) else len(s.prompt) for s in specs])
         started = []
         # Only when given: an engine front end that predates the options still serves unsalted,
         # streamed requests.
         extra = {} if cache_salt is None else {"cache_salt": cache_salt}
         if not stream:
             extra["stream"] = False
+        if stall_probe is not None:
+            extra["stall_probe"] = stall_probe
         try:
             for spec in specs:
                 rid = base_id if len(specs) == 1 else f"{base_id}-{spec.index}"
@@ -82,6 +91,12 @@ class ChoiceStreams:
                     yield item
         finally:
             await self.close()
+
+    async def abort_for_shutdown(self) -> None:
+        """End every choice now (each gets its final delta, finish_reason "abort"): the server stops."""
+        self.shut_down = True
+        for rid in self.request_ids:
+            await self.engine.abort(rid, cause="shutdown")
 
     async def close(self) -> None:
         self._finalizer.detach()

@@ -8,9 +8,12 @@ error names the field better.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from typing_extensions import TypedDict  # pydantic needs this one below Python 3.12
+
+from aioinfer.entrypoints.chat_content import check_part, content_text
 
 _LOGPROBS_MAX = 20
 
@@ -94,23 +97,28 @@ class CompletionRequest(_SamplingFields):
         return check_prompt(value)
 
 
-class TextPart(_Strict):
+class TextPart(TypedDict):
+    """A content part; a dict (not a model) so that chat_content.content_text reads it as the offline
+    LLM.chat reads the user's dicts."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid", strict=True)  # type: ignore[misc]
     type: Literal["text"]
     text: str
 
 
+def _text_only(part: Any) -> Any:
+    check_part(part)  # "type 'image_url' is not supported: this model takes text only", not "should be 'text'"
+    return part
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[TextPart], None] = None
+    content: Union[str, list[Annotated[TextPart, BeforeValidator(_text_only)]], None] = None
     name: Optional[str] = None
     tool_call_id: Optional[str] = None
 
     def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "\n".join(part.text for part in self.content)  # vLLM joins text parts with newlines
+        return content_text(self.content) or ""
 
     def for_template(self) -> dict:
         message = {"role": self.role, "content": self.text()}

@@ -14,7 +14,8 @@ import gc
 import logging
 from typing import Any, Optional
 
-from aioinfer.entrypoints.openai.errors import APIError, model_not_found, not_ready
+from aioinfer.entrypoints.openai.errors import APIError, model_not_found, not_ready, shutting_down
+from aioinfer.entrypoints.openai.shutdown import OpenResponses, quiet_cancelled_connection_tasks
 from aioinfer.metrics import PrometheusMetrics
 from aioinfer.request_log import RequestLog, configure_request_logger
 from aioinfer.server_config import ServerConfig
@@ -34,12 +35,14 @@ class ServerState:
         self._stop = asyncio.Event()
         self._owner: Optional[asyncio.Task] = None
         self.on_load_failure = None  # optional callback; `serve` uses it to exit instead of idling dead
+        self.responses = OpenResponses()  # the HTTP requests in flight, for the shutdown to end (shutdown.py)
 
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
         """Build the engine (bad settings fail startup loudly) and start loading it in the background."""
         configure_request_logger(self.config.log_requests)
+        quiet_cancelled_connection_tasks(asyncio.get_running_loop())
         factory = self._engine_factory or _default_engine_factory
         observers = _Observers()
         # The metrics are labelled with the served name, which the engine knows before loading.
@@ -111,7 +114,7 @@ class ServerState:
         if engine is None or not engine.is_ready:
             raise not_ready()
         if self.draining:
-            raise APIError(503, "The server is shutting down.", type="service_unavailable", code="shutting_down")
+            raise shutting_down()
         return engine
 
     @property

@@ -16,6 +16,7 @@ from aioinfer.entrypoints.openai.server_state import ServerState
 from aioinfer.entrypoints.openai.serving_common import (
     ChoiceResult,
     admit_and_respond,
+    check_not_shut_down,
     engine_for,
     new_request_id,
     now,
@@ -86,6 +87,7 @@ class _Job:
             raise from_engine_error(exc) from exc
         finally:
             await streams.close()
+        check_not_shut_down(streams, self.results.values())
         choices = []
         for index in sorted(self.results):
             r = self.results[index]

@@ -11,18 +11,29 @@ from typing import Optional, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from aioinfer.engine.delta import GenerationDelta
-from aioinfer.entrypoints.openai.errors import bad_request, from_engine_error, from_validation_error
+from aioinfer.entrypoints.openai.client_stall import probe_for
+from aioinfer.entrypoints.openai.errors import bad_request, from_engine_error, from_validation_error, shutting_down
+from aioinfer.entrypoints.openai.shutdown import slot_of
 
 M = TypeVar("M", bound=BaseModel)
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
-def engine_for(state, req):
-    """The preamble every generation route shares: known model, ready engine, ``n`` within bounds."""
+def engine_for(state, req, num_prompts: int = 1):
+    """The preamble every generation route shares: known model, ready engine, ``n`` within bounds,
+    and room for ``num_prompts`` x n engine requests, checked before any prompt is tokenized (every
+    prompt has a token at least): a request too large for the admission bounds costs no
+    tokenization either. The exact check, with the prompts' lengths, comes at admission."""
     state.check_model(req.model)
     engine = state.ready_engine()
     if req.n > state.config.max_n:
         raise bad_request(f"n must be <= {state.config.max_n}", param="n")
+    check = getattr(engine, "check_admission", None)
+    if check is not None:
+        try:
+            check([1] * (num_prompts * req.n))
+        except Exception as exc:  # noqa: BLE001 - never (400) / not now (429)
+            raise from_engine_error(exc) from exc
     return engine
 
 
@@ -31,15 +42,30 @@ async def admit_and_respond(engine, specs, request_id: str, req, job):
     from aioinfer.entrypoints.openai.fanout import ChoiceStreams
     from aioinfer.entrypoints.openai.sse import json_response, sse_response
 
+    scope = _request_scope()
+    slot = slot_of(scope)
+    if slot is not None and slot.cancelled:
+        raise shutting_down()
+    # A stream's client can stop reading while the kernel still buffers megabytes for it: the
+    # engine's stall limit also watches the connection itself (client_stall.py).
+    stall_probe = probe_for(scope) if req.stream else None
     try:
         streams = ChoiceStreams.admit(engine, specs, request_id, req.priority, cache_salt=req.cache_salt,
-                                      stream=bool(req.stream))
+                                      stream=bool(req.stream), stall_probe=stall_probe)
     except Exception as exc:  # noqa: BLE001 - ValueError/overload/dead -> 400/429/503
         raise from_engine_error(exc) from exc
+    if slot is not None:
+        slot.streams.append(streams)  # the shutdown finds it there (shutdown.py)
     headers = {"X-Request-Id": request_id}
     if req.stream:
         return sse_response(job.stream(streams), headers=headers)
     return json_response(await job.full(streams), headers=headers)
+
+
+def _request_scope() -> dict:
+    from quart import has_request_context, request
+
+    return request.scope if has_request_context() else {}
 
 
 def parse_body(model: type[M], body: bytes) -> M:
@@ -108,6 +134,12 @@ def usage(choices: list[ChoiceResult], prompt_lengths: list[int]) -> dict:
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": sum(cached.values())},
     }
+
+
+def check_not_shut_down(streams, results) -> None:
+    """A non-streaming answer cut short by the server's shutdown is a 503, not a truncated 200."""
+    if streams.shut_down and any(r.finish_reason == "abort" for r in results):
+        raise shutting_down("The server shut down before the request finished; retry it.")
 
 
 def stream_error_event(exc: BaseException) -> dict:

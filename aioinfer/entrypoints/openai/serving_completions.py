@@ -16,6 +16,7 @@ from aioinfer.entrypoints.openai.server_state import ServerState
 from aioinfer.entrypoints.openai.serving_common import (
     ChoiceResult,
     admit_and_respond,
+    check_not_shut_down,
     engine_for,
     new_request_id,
     now,
@@ -29,9 +30,9 @@ from aioinfer.entrypoints.openai.sse import DONE, event
 
 async def create_completion(state: ServerState, body: bytes, client_id: Optional[str] = None) -> Response:
     req = parse_body(CompletionRequest, body)
-    engine = engine_for(state, req)
-    base = completion_params(req, state.model_defaults())
     prompts = [req.prompt] if isinstance(req.prompt, str) or isinstance(req.prompt[0], int) else req.prompt
+    engine = engine_for(state, req, len(prompts))
+    base = completion_params(req, state.model_defaults())
     prompt_ids = [_tokenize(engine, p, req.add_special_tokens) for p in prompts]
     echoes = [_echo_text(engine, p, ids) if req.echo else "" for p, ids in zip(prompts, prompt_ids)]
 
@@ -89,6 +90,7 @@ class _Job:
             raise from_engine_error(exc) from exc
         finally:
             await streams.close()
+        check_not_shut_down(streams, self.results.values())
         choices = []
         for index in sorted(self.results):
             r = self.results[index]

@@ -1,0 +1,171 @@
+"""Is the HTTP client still taking the stream? The TCP connection tells, when the server is on Linux.
+
+A streaming response's writer (the SSE generator) takes every delta as soon as the socket accepts
+bytes, and the kernel accepts megabytes (the send buffer autotunes up to ``tcp_wmem``, ~4 MB) after
+the client stopped reading. The engine's stall limit, counted at the writer, would start only once
+all of that is full: 74 s after the client stopped on an n=64 stream, never on an n=1 stream that
+ends sooner. The peer's TCP receive window is the first place the sender can see it: the right
+edge of the window (bytes acknowledged + window advertised) advances while the client's stack
+takes data, and stops once the client's receive buffer is full. While bytes wait in our send
+queue and that edge stands still, the client is taking nothing.
+
+What the client's kernel buffered before its window closed (about 128 KB for a default Linux
+client that stopped early) cannot be seen from here by any means: the stall clock starts when the
+client's stack stops accepting, which is the earliest moment a server can know.
+
+The ASGI scope names the connection by its addresses only; its socket is found among the
+process's descriptors (``/proc/self/fd``) and used without taking ownership: every sample checks
+that the descriptor still is that connection. Elsewhere than Linux, ``probe_for`` returns None
+and the engine's own stall limit (at the writer) is all there is.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import sys
+from typing import Optional
+
+_FD_DIR = "/proc/self/fd"
+# struct tcp_info (linux/tcp.h): offsets of the fields read here.
+_NOTSENT_BYTES = 144  # u32: bytes queued that were never sent (Linux >= 4.6)
+_BYTES_ACKED = 120  # u64: bytes the peer acknowledged
+_SND_WND = 228  # u32: the peer's advertised receive window, in bytes (Linux >= 5.4)
+_INFO_SIZE = 232
+_SAMPLE_PERIOD = 0.2  # seconds; the engine's watchdog asks every 0.25 s at most
+
+
+class ClientStallProbe:
+    """``probe(now)`` -> since when (``time.monotonic()``) the client has taken nothing while bytes
+    waited for it, or None while it keeps up. One per HTTP response, shared by its choices."""
+
+    __slots__ = ("_fd", "_family", "_peer", "_edge", "_progress_at", "_sampled_at", "_since")
+
+    def __init__(self, fd: int, family: int, peer: tuple) -> None:
+        self._fd = fd
+        self._family = family
+        self._peer = peer
+        self._edge = -1  # right edge of the peer's window at the last sample
+        self._progress_at = 0.0  # when the edge last moved (or nothing waited)
+        self._sampled_at = -1.0
+        self._since: Optional[float] = None
+
+    def __call__(self, now: float) -> Optional[float]:
+        if now - self._sampled_at < _SAMPLE_PERIOD:
+            return self._since
+        self._sampled_at = now
+        info = self._tcp_info()
+        if info is None:  # gone (the ASGI server notices the disconnect itself) or unreadable
+            self._since = None
+            return None
+        (notsent,) = struct.unpack_from("I", info, _NOTSENT_BYTES)
+        (acked,) = struct.unpack_from("Q", info, _BYTES_ACKED)
+        (window,) = struct.unpack_from("I", info, _SND_WND)
+        edge = acked + window
+        if edge != self._edge or notsent == 0:
+            self._edge = edge
+            self._progress_at = now
+            self._since = None
+        else:
+            self._since = self._progress_at
+        return self._since
+
+    def on_stalled(self) -> None:
+        """The engine aborted the request for this stall: close the connection (both ways), so that
+        the response's blocked write fails and the ASGI server frees the connection, as a write timeout
+        would, instead of holding it and its send buffer until the client comes back."""
+        sock = socket.socket(self._family, socket.SOCK_STREAM, 0, self._fd)  # not ours: detached below
+        try:
+            if _address(sock.getpeername()) == self._peer:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already gone
+        finally:
+            sock.detach()
+
+    def _tcp_info(self) -> Optional[bytes]:
+        sock = socket.socket(self._family, socket.SOCK_STREAM, 0, self._fd)  # not ours: detached below
+        try:
+            if _address(sock.getpeername()) != self._peer:
+                return None  # the descriptor was closed and reused
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _INFO_SIZE)
+        except OSError:
+            return None
+        finally:
+            sock.detach()
+        return info if len(info) >= _INFO_SIZE else None
+
+
+def probe_for(scope: dict) -> Optional[ClientStallProbe]:
+    """A probe of the TCP connection an ASGI HTTP request came in on, or None where none can be had."""
+    if not sys.platform.startswith("linux") or not hasattr(socket, "TCP_INFO"):
+        return None
+    client, server = scope.get("client"), scope.get("server")
+    if not client or not server:
+        return None  # a Unix socket, or an in-process test client
+    found = _SOCKETS.find((str(client[0]), int(client[1])), (str(server[0]), int(server[1])))
+    if found is None:
+        return None
+    fd, family = found
+    return ClientStallProbe(fd, family, (str(client[0]), int(client[1])))
+
+
+class _SocketIndex:
+    """(peer, local) address -> (descriptor, family) of the process's TCP sockets, rebuilt on a miss:
+    a burst of new streams costs one scan of the descriptors, not one each."""
+
+    def __init__(self) -> None:
+        self._index: dict[tuple, tuple[int, int]] = {}
+        self._unusable = False
+
+    def find(self, peer: tuple, local: tuple) -> Optional[tuple[int, int]]:
+        if self._unusable:
+            return None
+        key = (peer, local)
+        hit = self._index.get(key)
+        if hit is not None and _addresses(*hit) == key:
+            return hit
+        self._rebuild()
+        return self._index.get(key)
+
+    def _rebuild(self) -> None:
+        try:
+            names = os.listdir(_FD_DIR)
+        except OSError:
+            self._unusable = True  # no /proc: never look again
+            return
+        index = {}
+        for name in names:
+            try:
+                fd = int(name)
+                if not os.readlink(f"{_FD_DIR}/{name}").startswith("socket:"):
+                    continue
+                sock = socket.socket(fileno=fd)  # the family and type are read from the descriptor
+            except (ValueError, OSError):
+                continue
+            family, kind = sock.family, sock.type
+            sock.detach()
+            if kind == socket.SOCK_STREAM and family in (socket.AF_INET, socket.AF_INET6):
+                key = _addresses(fd, family)
+                if key is not None:
+                    index[key] = (fd, family)
+        self._index = index
+
+
+def _addresses(fd: int, family: int) -> Optional[tuple]:
+    """(peer, local) of the connected socket ``fd`` of a known family, else None."""
+    sock = socket.socket(family, socket.SOCK_STREAM, 0, fd)  # not ours: detached below
+    try:
+        return _address(sock.getpeername()), _address(sock.getsockname())
+    except OSError:
+        return None
+    finally:
+        sock.detach()
+
+
+def _address(addr) -> tuple:
+    return str(addr[0]), int(addr[1])
+
+
+_SOCKETS = _SocketIndex()

@@ -16,11 +16,11 @@ def __getattr__(name: str):
 
         return LLM
     if name == "Engine":
-        from aioinfer.engine.async_engine import Engine
+        from aioinfer.async_engine.engine import Engine
 
         return Engine
     if name in ("DataParallelEngine", "create_engine"):
-        from aioinfer.engine import data_parallel
+        from aioinfer.data_parallel import engine as data_parallel
 
         return getattr(data_parallel, name)
     raise AttributeError(f"module 'aioinfer' has no attribute {name!r}")

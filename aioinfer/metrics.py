@@ -12,7 +12,7 @@ from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from aioinfer.engine.stats import RequestStats, StepStats
+from aioinfer.async_engine.stats import RequestStats, StepStats
 
 logger = logging.getLogger(__name__)
 

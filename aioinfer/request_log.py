@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import orjson
 
-from aioinfer.engine.stats import RequestStats, StepStats
+from aioinfer.async_engine.stats import RequestStats, StepStats
 
 LOGGER_NAME = "aioinfer.requests"
 

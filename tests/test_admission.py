@@ -7,7 +7,7 @@ import anyio
 import pytest
 
 from aioinfer import Engine, SamplingParams
-from aioinfer.engine.admission import (
+from aioinfer.async_engine.admission import (
     RETRY_AFTER_MAX,
     RETRY_AFTER_MIN,
     RETRY_AFTER_UNKNOWN,

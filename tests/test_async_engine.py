@@ -198,7 +198,7 @@ async def test_step_loop_failure_reaches_every_request(model_dir):
 async def test_a_broken_result_hand_over_kills_the_engine_instead_of_hanging(model_dir, monkeypatch):
     """The GPU thread cannot reach the loop through the bridge (as with an anyio whose backend
     lacked run_sync_soon): its failure still reaches every consumer, directly."""
-    from aioinfer.engine.loop_bridge import LoopBridge
+    from aioinfer.async_engine.loop_bridge import LoopBridge
 
     def broken(self):
         raise AttributeError("no way to schedule on this loop")

@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from aioinfer.attention.torch_backend import dense_causal_attention
+from aioinfer.attention.dense import dense_causal_attention
 from aioinfer.worker.cuda_graphs import CudaGraphRunner, graph_buckets, token_buckets
 from aioinfer.worker.input_buffers import StepInputs
 from attn_helpers import make_metadata

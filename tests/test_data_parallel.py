@@ -13,8 +13,8 @@ from openai import OpenAI
 import conftest
 from aioinfer import LLM, DataParallelEngine, Engine, SamplingParams, create_engine
 from aioinfer.config import EngineConfig
-from aioinfer.engine.dp_placement import replica_devices
-from aioinfer.engine.dp_router import Router
+from aioinfer.data_parallel.placement import replica_devices
+from aioinfer.data_parallel.router import Router
 from aioinfer.errors import EngineDeadError, EngineNotReady
 from aioinfer.server_config import ServerConfig
 from server_process import metric, metric_samples, run_server

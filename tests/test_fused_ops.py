@@ -4,8 +4,8 @@ On a machine without CUDA but with triton, this module turns on the Triton inter
 (TRITON_INTERPRET=1, before any kernel is defined) and runs a reduced parametrization on CPU
 tensors; the full parametrization is marked `gpu`. CI installs no triton: everything skips.
 
-Oracle: the torch code the layers run on CPU (aioinfer.layers.norm.rms_norm_torch,
-aioinfer.layers.rotary.apply_rotary), on the same device and dtype. Tolerances, in units in the
+Oracle: the torch code the layers run on CPU (aioinfer.layers.torch_ops.rms_norm_torch,
+aioinfer.layers.torch_ops.apply_rotary), on the same device and dtype. Tolerances, in units in the
 last place of the output dtype (ulp), elementwise:
   GPU:  residual sum and rotary: bit-exact (same per-op rounding, FMA contraction off);
         normed output fp16/bf16 <= 2 ulp (only the fp32 mean/rsqrt differ, ~1e-7 relative: a value

@@ -86,7 +86,7 @@ def qwen_05b_dir(tmp_path_factory):
 def test_bf16_logits_track_transformers_over_prefill_and_decode(qwen_05b_dir):
     from transformers import AutoModelForCausalLM
 
-    from aioinfer.attention.backend import get_attention_backend
+    from aioinfer.attention.registry import get_attention_backend
     from aioinfer.attention.context import forward_context
     from aioinfer.models.loader import load_model
     from attn_helpers import allocate_kv_cache, make_metadata, shuffled_blocks

@@ -11,7 +11,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import pytest
 
-from aioinfer.engine.loop_bridge import LoopBridge
+from aioinfer.async_engine.loop_bridge import LoopBridge
 
 
 @pytest.fixture

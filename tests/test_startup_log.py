@@ -21,7 +21,7 @@ GGUF = ("GGUF parsed", rf"INFO aioinfer\.engine\.model_setup: GGUF metadata of \
 WEIGHTS = ("weights", rf"INFO aioinfer\.engine\.model_setup: weights: .* loaded as float32 on cpu {DURATION} \(\d")
 TOKENIZER = ("tokenizer", rf"INFO aioinfer\.engine\.model_setup: tokenizer: loaded {DURATION}")
 KV_CACHE = ("KV cache", rf"INFO aioinfer\.worker\.model_runner: KV cache: 64 blocks of 16 tokens, \d+ bytes .* allocated {DURATION}")
-WARM_UP = ("warm-up", rf"INFO aioinfer\.engine\.async_engine: warm-up step: done {DURATION}")
+WARM_UP = ("warm-up", rf"INFO aioinfer\.async_engine\.engine: warm-up step: done {DURATION}")
 READY = ("engine ready", r"INFO aioinfer\.server: engine ready")
 
 

@@ -212,7 +212,7 @@ def _take_run(free: list[int], n: int):
 
 
 def test_swap_timings_reach_prometheus():
-    from aioinfer.engine.stats import StepStats, SwapTiming
+    from aioinfer.async_engine.stats import StepStats, SwapTiming
     from aioinfer.metrics import PrometheusMetrics
 
     metrics = PrometheusMetrics("m")

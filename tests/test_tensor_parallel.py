@@ -573,7 +573,7 @@ def _check_fused_all_reduce_norm(tp, device, generator) -> None:
 def _check_one_fused_all_reduce_norm(tp, device, generator, kind: str) -> None:
     import torch.distributed as dist
 
-    from aioinfer.layers.norm import rms_norm_torch
+    from aioinfer.layers.torch_ops import rms_norm_torch
 
     def reference(x, residual, weight):
         total = x.clone()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aioinfer.attention.backend import get_attention_backend
+from aioinfer.attention.registry import get_attention_backend
 from attn_helpers import make_metadata, shuffled_blocks
 
 

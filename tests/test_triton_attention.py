@@ -27,8 +27,8 @@ if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from aioinfer.attention.backend import get_attention_backend  # noqa: E402
-from aioinfer.attention.torch_backend import dense_causal_attention  # noqa: E402
+from aioinfer.attention.dense import dense_causal_attention  # noqa: E402
+from aioinfer.attention.registry import get_attention_backend  # noqa: E402
 from aioinfer.attention.triton_ops.decode import _decode_kernel, paged_decode  # noqa: E402
 from aioinfer.attention.triton_ops.kv_write import write_kv, write_kv_reference  # noqa: E402
 from aioinfer.attention.triton_ops.prefill import paged_prefill  # noqa: E402

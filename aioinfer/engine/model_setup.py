@@ -10,11 +10,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from aioinfer.attention.backend import get_attention_backend
+from aioinfer.attention.registry import get_attention_backend
 from aioinfer.config import EngineConfig
-from aioinfer.engine.tokenizer import load_tokenizer
 from aioinfer.models.hub import download_from_hub, looks_like_hub_id
 from aioinfer.models.loader import load_arch_config, load_generation_defaults, load_model, open_model_source
+from aioinfer.text.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

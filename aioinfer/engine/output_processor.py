@@ -12,9 +12,9 @@ from typing import Optional
 
 from aioinfer.core.scheduler_output import EngineCoreOutput, TokenLogprobs
 from aioinfer.engine.delta import GenerationDelta
-from aioinfer.engine.text_accumulator import TextAccumulator
 from aioinfer.outputs import CompletionOutput, Logprob, SampleLogprobs
 from aioinfer.sampling_params import SamplingParams
+from aioinfer.text.text_accumulator import TextAccumulator
 
 
 @dataclass(slots=True)

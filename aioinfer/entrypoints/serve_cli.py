@@ -172,7 +172,7 @@ def _check_engine_arguments(config: ServerConfig) -> None:
     """Build, without loading, the engine the server will build, and check that an explicit CUDA
     device exists: ValueError now, rather than a logged traceback after the port is open (the
     model loads in the background once the server listens)."""
-    from aioinfer.engine.data_parallel import create_engine
+    from aioinfer.data_parallel.engine import create_engine
     from aioinfer.engine.model_setup import resolve_device
 
     engine = create_engine(**config.engine_arguments())

@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from aioinfer.layers.torch_ops import silu_and_mul_torch
 from aioinfer.layers.triton_ops import fused_ops
-
-
-def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
-    """The CPU path and the oracle of the fused kernel. [..., 2I] -> [..., I]."""
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 class SiluAndMul(nn.Module):

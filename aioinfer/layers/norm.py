@@ -1,7 +1,7 @@
 """RMSNorm computed in float32 exactly as HF does, with a fused residual-add variant.
 
 On CUDA (and only there) the layer runs one Triton kernel per call instead of 8-9 elementwise torch
-kernels (aioinfer/layers/triton_ops/rms_norm.py); the CPU path is the pure-torch code below.
+kernels (aioinfer/layers/triton_ops/rms_norm.py); the CPU path is the pure-torch code (torch_ops.py).
 """
 
 from __future__ import annotations
@@ -11,15 +11,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from aioinfer.layers.torch_ops import rms_norm_torch
 from aioinfer.layers.triton_ops import fused_ops  # imports no triton; fused_ops() does, on first CUDA call
-
-
-def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # [..., H]: statistics in float32, then back to the input dtype *before* the weight multiply (HF order).
-    dtype = x.dtype
-    xf = x.to(torch.float32)
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(dtype)
 
 
 class RMSNorm(nn.Module):

@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from aioinfer.layers.torch_ops import apply_rotary
 from aioinfer.layers.triton_ops import fused_ops  # imports no triton; fused_ops() does, on first CUDA call
 from aioinfer.models.arch_config import RopeConfig
 
@@ -77,20 +78,6 @@ def _yarn(rope: RopeConfig, dim: int, max_position_embeddings: int) -> tuple[tor
     extra_factor = 1 - ramp
     inv_freq = interpolation * (1 - extra_factor) + extrapolation * extra_factor
     return inv_freq, float(attention_factor)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first ``cos.shape[-1]`` dims of each head. x: [T, H, D]; cos/sin: [T, Dr] in x.dtype."""
-    rot_dim = cos.shape[-1]
-    cos = cos.unsqueeze(1)  # [T, 1, Dr]
-    sin = sin.unsqueeze(1)
-    if rot_dim == x.shape[-1]:
-        x_rot, x_pass = x, None
-    else:
-        x_rot, x_pass = x[..., :rot_dim], x[..., rot_dim:]
-    x1, x2 = x_rot[..., : rot_dim // 2], x_rot[..., rot_dim // 2 :]
-    out = x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin
-    return out if x_pass is None else torch.cat((out, x_pass), dim=-1)
 
 
 def apply_rotary_qk(

@@ -16,7 +16,8 @@ from typing import Iterable, Optional
 import torch
 from torch import nn
 
-from aioinfer.attention.backend import AttentionBackend, get_attention_backend
+from aioinfer.attention.backend import AttentionBackend
+from aioinfer.attention.registry import get_attention_backend
 from aioinfer.distributed.group import SINGLE, TPGroup
 from aioinfer.layers.activation import get_act_and_mul
 from aioinfer.layers.attention import Attention

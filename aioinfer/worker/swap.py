@@ -39,9 +39,9 @@ from typing import Any, Sequence
 
 import torch
 
+from aioinfer.async_engine.stats import SwapTiming
 from aioinfer.config import EngineConfig
 from aioinfer.core.scheduler_output import SwapIn, SwapOut
-from aioinfer.engine.stats import SwapTiming
 from aioinfer.worker.kv_cache import KVCacheSpec
 
 logger = logging.getLogger(__name__)

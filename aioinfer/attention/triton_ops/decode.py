@@ -237,7 +237,7 @@ def merge_splits(out: torch.Tensor, part_acc: torch.Tensor, part_ml: torch.Tenso
 
 def paged_decode_reference(query, key_cache, value_cache, block_tables, seq_lens, scale) -> torch.Tensor:
     """Pure-torch reference of :func:`paged_decode` (gathers per sequence; syncs; tests only)."""
-    from aioinfer.attention.torch_backend import dense_causal_attention
+    from aioinfer.attention.dense import dense_causal_attention
 
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
     out = torch.empty_like(query)

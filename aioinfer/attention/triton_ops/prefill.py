@@ -253,7 +253,7 @@ def paged_prefill(
 
 def paged_prefill_reference(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, num_seqs, scale):
     """Pure-torch reference of :func:`paged_prefill` (gathers per sequence; syncs; tests only)."""
-    from aioinfer.attention.torch_backend import dense_causal_attention
+    from aioinfer.attention.dense import dense_causal_attention
 
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
     out = torch.empty_like(query)

@@ -160,7 +160,7 @@ class _Observers:
 
 
 def _default_engine_factory(**kwargs):
-    from aioinfer.engine.data_parallel import create_engine
+    from aioinfer.data_parallel.engine import create_engine
 
     return create_engine(**kwargs)  # an Engine, or a DataParallelEngine with data_parallel_size > 1
 

@@ -1,6 +1,6 @@
 """RMSNorm (optionally fused with the residual add) as one Triton kernel: one program per row.
 
-Numerics follow the torch path (aioinfer.layers.norm.rms_norm_torch, HF order) step by step:
+Numerics follow the torch path (aioinfer.layers.torch_ops.rms_norm_torch, HF order) step by step:
   s   = round_dtype(float(x) + float(residual))      # the add in the activation dtype (torch's
                                                        # float opmath then one rounding: bit-exact)
   y   = round_dtype(float(s) * rsqrt(mean(float(s)^2) + eps))
@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from aioinfer.layers.norm import rms_norm_torch
+from aioinfer.layers.torch_ops import rms_norm_torch
 from aioinfer.layers.triton_ops._checks import check_float, next_pow2
 
 
@@ -92,7 +92,7 @@ def fused_add_rms_norm(
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The torch path of the layer (aioinfer.layers.norm), the oracle for :func:`rms_norm`."""
+    """The torch path of the layer (aioinfer.layers.torch_ops.rms_norm_torch), the oracle for :func:`rms_norm`."""
     return rms_norm_torch(x, weight, eps)
 
 

@@ -5,7 +5,7 @@ kernel has no data-dependent shape and no host sync: safe under CUDA-graph captu
 strided views of the fused qkv projection output (only the last axis must be contiguous); with
 partial rotary (rotary_dim < head_dim) the tail of each head is left untouched.
 
-Numerics replicate the torch path (aioinfer.layers.rotary.apply_rotary) rounding for rounding —
+Numerics replicate the torch path (aioinfer.layers.torch_ops.apply_rotary) rounding for rounding —
 ``x*cos`` and ``rotate_half(x)*sin`` each rounded to the activation dtype, then their sum rounded —
 and fp contraction into FMA is disabled, so outputs are bit-identical in fp32, fp16 and bf16.
 """
@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from aioinfer.layers.rotary import apply_rotary
+from aioinfer.layers.torch_ops import apply_rotary
 from aioinfer.layers.triton_ops._checks import check_float, next_pow2
 
 
@@ -98,5 +98,5 @@ def apply_rotary_inplace(
 
 
 def apply_rotary_reference(q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-    """The torch path of the layer (aioinfer.layers.rotary.apply_rotary), out of place."""
+    """The torch path of the layer (aioinfer.layers.torch_ops.apply_rotary), out of place."""
     return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

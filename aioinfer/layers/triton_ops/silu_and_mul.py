@@ -59,7 +59,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
-    """The torch path of the layer (aioinfer.layers.activation), the oracle for :func:`silu_and_mul`."""
-    from aioinfer.layers.activation import silu_and_mul_torch
+    """The torch path of the layer (aioinfer.layers.torch_ops.silu_and_mul_torch), the oracle for
+    :func:`silu_and_mul`."""
+    from aioinfer.layers.torch_ops import silu_and_mul_torch
 
     return silu_and_mul_torch(x)

@@ -5,7 +5,8 @@ task group owns it (a task awaits the thread's end, so it is joined on exit). Re
 thread through its inbox; each step's results come back through a ``LoopBridge`` (queued, run on
 the loop in order, the GPU thread waiting only when several steps are unprocessed) into
 ``_on_step_result``, which detokenizes and hands every request its delta through a bounded
-per-request stream (``RequestChannel``). The GPU thread never waits for a consumer.
+per-request stream (``RequestChannel``; its consumer, what ``generate`` returns, is
+``request_channel.iterate_deltas``). The GPU thread never waits for a consumer.
 
 Everything on the loop is paid per token for every stream (and, under data parallelism, for every
 replica's streams on one loop), so the per-token path avoids what it can: one clock read per step,
@@ -26,23 +27,17 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
+from aioinfer.async_engine.admission import AdmissionQueue
+from aioinfer.async_engine.loop_bridge import LoopBridge
+from aioinfer.async_engine.request_channel import RequestChannel, event_factory, iterate_deltas
+from aioinfer.async_engine.stats import EngineObserver, StepStats, call_observer, request_stats
+from aioinfer.async_engine.step_loop import AddRequest, FinishRequests, StepLoop, StepResult, Stop
 from aioinfer.config import EngineConfig
-from aioinfer.engine.admission import AdmissionQueue
 from aioinfer.engine.delta import GenerationDelta
 from aioinfer.engine.input_processor import InputProcessor
-from aioinfer.engine.loop_bridge import LoopBridge
 from aioinfer.engine.output_processor import OutputProcessor
-from aioinfer.engine.request_channel import RequestChannel, event_factory
-from aioinfer.engine.stats import EngineObserver, RequestStats, StepStats
-from aioinfer.engine.step_loop import AddRequest, FinishRequests, StepLoop, StepResult, Stop
-from aioinfer.errors import (
-    AdmissionLimitExceeded,
-    EngineDeadError,
-    EngineNotReady,
-    EngineOverloaded,
-    RequestDeadlineExceeded,
-    SlowConsumerError,
-)
+from aioinfer.errors import (AdmissionLimitExceeded, EngineDeadError, EngineNotReady, EngineOverloaded,
+                             SlowConsumerError)
 from aioinfer.request import RequestStatus
 from aioinfer.sampling_params import SamplingParams
 
@@ -286,7 +281,7 @@ class Engine:
         self._admission.enter(len(prompt_ids))
         self._outputs.add_request(request_id, text, prompt_ids, params)
         self._loop.submit(AddRequest(request))
-        return self._iterate(channel, deadline)
+        return iterate_deltas(channel, deadline, self._new_event, self._abort_channel)
 
     async def abort(self, request_id: str, *, cause: str = "api") -> None:
         """Abort a queued or running request; its consumer receives a final delta with finish_reason "abort".
@@ -308,50 +303,6 @@ class Engine:
             "kv_usage": step.kv_usage if step else 0.0,
             **self.counters,
         }
-
-    # ------------------------------------------------------------------ consumer side
-
-    async def _iterate(self, channel: RequestChannel, deadline: Optional[float]) -> AsyncIterator[GenerationDelta]:
-        finished = False
-        new_event = self._new_event
-        try:
-            while True:
-                if deadline is not None and anyio.current_time() >= deadline:
-                    channel.abort_cause = "deadline"
-                    raise RequestDeadlineExceeded(f"request {channel.request_id} passed its deadline")
-                if not channel.queued:
-                    if channel.closed:  # ended without a final delta: failed, or aborted without notice
-                        finished = True
-                        raise channel.error or EngineDeadError("the request's stream ended without a result")
-                    # Wait for the producer's next send or close; take nothing before checking again.
-                    waiter = channel.waiter = new_event()
-                    if deadline is None:
-                        await waiter.wait()
-                    else:
-                        await self._wait_until(channel, waiter, deadline)
-                    continue
-                # Everything buffered, merged into one delta, without a checkpoint: a consumer that fell
-                # behind (a busy loop, a slow client) catches up in one wake-up instead of one per step.
-                item = channel.take()
-                finished = item.finish_reason is not None
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                # Cancelled, broken out of, or past its deadline: free its KV at the next step boundary.
-                self._abort_channel(channel, channel.abort_cause or "client", notify=False)
-            channel.receive.close()
-
-    @staticmethod
-    async def _wait_until(channel: RequestChannel, waiter, deadline: float) -> None:
-        """Wait for ``waiter``; raises RequestDeadlineExceeded past ``deadline``."""
-        with anyio.CancelScope(deadline=deadline):
-            await waiter.wait()
-            return
-        # Only the deadline ends the scope without a return (an outer cancellation propagates).
-        channel.abort_cause = "deadline"
-        raise RequestDeadlineExceeded(f"request {channel.request_id} passed its deadline")
 
     # ------------------------------------------------------------------ event-loop side of the bridge
 
@@ -387,7 +338,7 @@ class Engine:
             self._last_step = result.stats
             if self._warmed_up:  # the warm-up step is the engine's own, not served work: metrics skip it
                 for observer in self.observers:
-                    _call_observer(observer.on_step, result.stats)
+                    call_observer(observer.on_step, result.stats)
 
     def _on_delivery_error(self, error: BaseException) -> None:
         """A step's results could not be delivered: requests may have lost tokens, so the engine is dead."""
@@ -419,7 +370,7 @@ class Engine:
                     # A relay may cut its recipient off (an HTTP response closes the connection).
                     on_stalled = getattr(channel.stall_probe, "on_stalled", None)
                     if on_stalled is not None:
-                        _call_observer(on_stalled)
+                        call_observer(on_stalled)
 
     # ------------------------------------------------------------------ helpers
 
@@ -462,7 +413,7 @@ class Engine:
         if reason == "overloaded":
             self.counters["rejected_overloaded"] += 1
         for observer in self.observers:
-            _call_observer(observer.on_rejected, reason)
+            call_observer(observer.on_rejected, reason)
 
     def _leave_admission(self, channel: RequestChannel, now: float) -> None:
         if channel.waiting_admission:
@@ -496,26 +447,6 @@ class Engine:
         if not self._warmed_up:
             return  # the warm-up request (the only one before it is done) is not served work: not counted
         self.counters["finished" if status == "finished" else "aborted"] += 1
-        stats = RequestStats(
-            request_id=channel.request_id,
-            status=status,
-            finish_reason=finish_reason,
-            abort_cause=channel.abort_cause if status == "aborted" else None,
-            num_prompt_tokens=channel.num_prompt_tokens,
-            num_output_tokens=channel.num_output_tokens,
-            num_cached_tokens=channel.num_cached_tokens,
-            queue_time=None if channel.scheduled_at is None else channel.scheduled_at - channel.arrival,
-            ttft=None if channel.first_token_at is None else channel.first_token_at - channel.arrival,
-            e2e_latency=now - channel.arrival,
-            inter_token_latencies=tuple(channel.inter_token),
-            num_preemptions=channel.num_preemptions,
-        )
+        stats = request_stats(channel, status, finish_reason, now)
         for observer in self.observers:
-            _call_observer(observer.on_request_done, stats)
-
-
-def _call_observer(method, *args) -> None:
-    try:
-        method(*args)
-    except Exception:  # noqa: BLE001 - metrics must never break serving
-        logger.exception("engine observer %r failed", method)
+            call_observer(observer.on_request_done, stats)

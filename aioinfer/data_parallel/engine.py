@@ -1,7 +1,7 @@
 """Data parallelism in one process: N whole-model replicas behind the ``Engine`` interface.
 
 ``async with DataParallelEngine(model, data_parallel_size=2) as engine`` runs replica ``i`` as an
-ordinary ``Engine`` with its own GPU thread on its own device (``dp_placement``); ``generate``
+ordinary ``Engine`` with its own GPU thread on its own device (``placement``); ``generate``
 sends each request to the replica the ``Router`` picks (least outstanding work, prefix affinity)
 and returns that replica's stream, wrapped only to count the request's progress as load.
 
@@ -26,14 +26,14 @@ from typing import Any, AsyncIterator, Optional, Sequence
 
 import anyio
 
+from aioinfer.async_engine.admission import RETRY_AFTER_UNKNOWN, fits_across, replicas_limit_error
+from aioinfer.async_engine.engine import Engine, Prompt
+from aioinfer.async_engine.stats import EngineObserver
 from aioinfer.config import EngineConfig
-from aioinfer.engine.admission import RETRY_AFTER_UNKNOWN, fits_across, replicas_limit_error
-from aioinfer.engine.async_engine import Engine, Prompt
+from aioinfer.data_parallel.placement import replica_devices
+from aioinfer.data_parallel.replica import IndexedObserver, ReplicaEngine, RequestEndTracker, SharedTokenizer
+from aioinfer.data_parallel.router import Router
 from aioinfer.engine.delta import GenerationDelta
-from aioinfer.engine.dp_placement import replica_devices
-from aioinfer.engine.dp_replica import IndexedObserver, ReplicaEngine, RequestEndTracker, SharedTokenizer
-from aioinfer.engine.dp_router import Router
-from aioinfer.engine.stats import EngineObserver
 from aioinfer.errors import EngineDeadError, EngineNotReady, EngineOverloaded
 from aioinfer.sampling_params import SamplingParams
 

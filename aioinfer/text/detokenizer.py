@@ -201,13 +201,3 @@ class IncrementalDetokenizer:
         if tail:
             self._pieces.append(tail)
         return tail
-
-
-def __getattr__(name: str) -> Any:
-    # TextAccumulator lives in text_accumulator.py (it imports this module); it stays
-    # importable from here because the output processor looks for it here.
-    if name == "TextAccumulator":
-        from aioinfer.engine.text_accumulator import TextAccumulator
-
-        return TextAccumulator
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

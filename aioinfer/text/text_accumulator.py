@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aioinfer.engine.detokenizer import IncrementalDetokenizer
-from aioinfer.engine.stop_strings import StopChecker
+from aioinfer.text.detokenizer import IncrementalDetokenizer
+from aioinfer.text.stop_strings import StopChecker
 
 if TYPE_CHECKING:
     from aioinfer.sampling_params import SamplingParams

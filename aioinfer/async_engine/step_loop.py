@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
+from aioinfer.async_engine.stats import StepStats
 from aioinfer.core.scheduler_output import EngineCoreOutput
 from aioinfer.engine.engine_core import EngineCore
-from aioinfer.engine.stats import StepStats
 from aioinfer.request import Request, RequestStatus
 
 logger = logging.getLogger(__name__)

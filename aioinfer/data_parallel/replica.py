@@ -12,8 +12,8 @@ import logging
 import threading
 from typing import Any, Callable, Optional
 
-from aioinfer.engine.async_engine import Engine
-from aioinfer.engine.stats import RequestStats, StepStats
+from aioinfer.async_engine.engine import Engine
+from aioinfer.async_engine.stats import RequestStats, StepStats
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class SharedTokenizer:
         self._tokenizer: Any = None
 
     def load(self, source, tokenizer_path: Optional[str]):
-        from aioinfer.engine.tokenizer import load_tokenizer
+        from aioinfer.text.tokenizer import load_tokenizer
 
         with self._lock:
             if not self._loaded:

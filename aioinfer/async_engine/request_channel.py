@@ -8,11 +8,12 @@ has not taken, not from the moment the buffer filled) is cut off by the engine. 
 relays the deltas further (an HTTP response) can hand in ``stall_probe``: since when its own
 recipient has taken nothing while data waited, which the engine's watchdog counts the same way.
 
-The consumer does not park in the stream's ``receive()``: with hundreds of streams that one call
-was half of the event loop's time per token (a checkpoint, a task-info record and an event per
-call). It takes buffered deltas with ``receive_nowait`` (``queued`` says how many, so an empty
-stream costs no exception) and, when there are none, waits on ``waiter``, a plain event that the
-producer sets when it sends or closes. The stream stays the bounded buffer and the close signal.
+The consumer (``iterate_deltas``, the iterator ``Engine.generate`` returns) does not park in the
+stream's ``receive()``: with hundreds of streams that one call was half of the event loop's time
+per token (a checkpoint, a task-info record and an event per call). It takes buffered deltas with
+``receive_nowait`` (``queued`` says how many, so an empty stream costs no exception) and, when
+there are none, waits on ``waiter``, a plain event that the producer sets when it sends or closes.
+The stream stays the bounded buffer and the close signal.
 
 Final-only delivery (``final_only``, vLLM's ``RequestOutputKind.FINAL_ONLY``): every delta is
 merged into ``pending`` and nothing is sent, so the consumer sleeps until the request ends and then
@@ -23,12 +24,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from aioinfer.engine.delta import DeltaMerger, GenerationDelta
+from aioinfer.errors import EngineDeadError, RequestDeadlineExceeded
 
 
 @dataclass(slots=True, eq=False)
@@ -163,6 +165,54 @@ class RequestChannel:
         if self.pending is None:
             self.send.close()
         self._wake()
+
+
+async def iterate_deltas(channel: RequestChannel, deadline: Optional[float], new_event: Callable[[], Any],
+                         abort_channel: Callable[..., None]) -> AsyncIterator[GenerationDelta]:
+    """The consumer side of one request: what ``Engine.generate`` returns.
+
+    ``new_event``: the engine's ``event_factory()`` maker; ``abort_channel(channel, cause,
+    notify=False)``: the engine's abort, called when the consumer leaves before the final delta.
+    """
+    finished = False
+    try:
+        while True:
+            if deadline is not None and anyio.current_time() >= deadline:
+                channel.abort_cause = "deadline"
+                raise RequestDeadlineExceeded(f"request {channel.request_id} passed its deadline")
+            if not channel.queued:
+                if channel.closed:  # ended without a final delta: failed, or aborted without notice
+                    finished = True
+                    raise channel.error or EngineDeadError("the request's stream ended without a result")
+                # Wait for the producer's next send or close; take nothing before checking again.
+                waiter = channel.waiter = new_event()
+                if deadline is None:
+                    await waiter.wait()
+                else:
+                    await _wait_until(channel, waiter, deadline)
+                continue
+            # Everything buffered, merged into one delta, without a checkpoint: a consumer that fell
+            # behind (a busy loop, a slow client) catches up in one wake-up instead of one per step.
+            item = channel.take()
+            finished = item.finish_reason is not None
+            yield item
+            if finished:
+                return
+    finally:
+        if not finished:
+            # Cancelled, broken out of, or past its deadline: free its KV at the next step boundary.
+            abort_channel(channel, channel.abort_cause or "client", notify=False)
+        channel.receive.close()
+
+
+async def _wait_until(channel: RequestChannel, waiter, deadline: float) -> None:
+    """Wait for ``waiter``; raises RequestDeadlineExceeded past ``deadline``."""
+    with anyio.CancelScope(deadline=deadline):
+        await waiter.wait()
+        return
+    # Only the deadline ends the scope without a return (an outer cancellation propagates).
+    channel.abort_cause = "deadline"
+    raise RequestDeadlineExceeded(f"request {channel.request_id} passed its deadline")
 
 
 def event_factory() -> Callable[[], Any]:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
+
+if TYPE_CHECKING:
+    from aioinfer.async_engine.request_channel import RequestChannel
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +78,29 @@ class EngineObserver(Protocol):
 
     # Optional (called only where defined), by a DataParallelEngine for every request it routes:
     # def on_routed(self, engine_index: int, by_affinity: bool) -> None: ...
+
+
+def request_stats(channel: RequestChannel, status: str, finish_reason: Optional[str], now: float) -> RequestStats:
+    """The record of a request that ended at ``now`` (time.monotonic()), from its channel's timings."""
+    return RequestStats(
+        request_id=channel.request_id,
+        status=status,
+        finish_reason=finish_reason,
+        abort_cause=channel.abort_cause if status == "aborted" else None,
+        num_prompt_tokens=channel.num_prompt_tokens,
+        num_output_tokens=channel.num_output_tokens,
+        num_cached_tokens=channel.num_cached_tokens,
+        queue_time=None if channel.scheduled_at is None else channel.scheduled_at - channel.arrival,
+        ttft=None if channel.first_token_at is None else channel.first_token_at - channel.arrival,
+        e2e_latency=now - channel.arrival,
+        inter_token_latencies=tuple(channel.inter_token),
+        num_preemptions=channel.num_preemptions,
+    )
+
+
+def call_observer(method, *args) -> None:
+    """Call one observer hook; a failing observer is logged, never raised into the engine."""
+    try:
+        method(*args)
+    except Exception:  # noqa: BLE001 - metrics must never break serving
+        logger.exception("engine observer %r failed", method)

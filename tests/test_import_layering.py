@@ -1,0 +1,159 @@
+"""aioinfer's modules import one another without cycles, read from the source (no import is run).
+
+Every ``import`` statement counts, the ones inside functions included: a lazy import that closes a
+cycle still ties the two modules into one concept that cannot be read, tested or moved alone.
+``if TYPE_CHECKING:`` blocks do not count (they never run). ``from aioinfer.x import y`` is an
+edge to ``aioinfer.x``, and also to ``aioinfer.x.y`` when that is a module.
+
+Importing ``aioinfer.x.y`` also runs the package ``aioinfer/x/__init__.py``, but that implied
+edge is left out: it would make every lazy import in ``aioinfer/__init__.py`` (the public API's
+``__getattr__``) a cycle with every module under it. Package ``__init__`` files that import
+their submodules (``layers/triton_ops`` does, lazily) are therefore checked like any module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent / "aioinfer"
+
+# Cycles allowed to remain, each as the sorted tuple of its modules, with the reason. None now.
+KNOWN_CYCLES: dict[tuple[str, ...], str] = {}
+
+
+def _module_name(path: Path) -> tuple[str, bool]:
+    parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+    is_package = parts[-1] == "__init__"
+    if is_package:
+        parts.pop()
+    return ".".join(parts), is_package
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imported(tree: ast.AST, module: str, is_package: bool, modules: set[str]) -> set[str]:
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for stmt in child.orelse:  # the else branch does run
+                    visit_one(stmt)
+                continue
+            visit_one(child)
+
+    def visit_one(node: ast.AST) -> None:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolved against this module's package
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names
+                         if f"{target}.{alias.name}" in modules)
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            for stmt in node.orelse:
+                visit_one(stmt)
+            return
+        visit(node)
+
+    visit(tree)
+    return {name for name in found if name in modules and name != module}
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {}
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        name, is_package = _module_name(path)
+        files[name] = (path, is_package)
+    modules = set(files)
+    return {name: _imported(ast.parse(path.read_text(), str(path)), name, is_package, modules)
+            for name, (path, is_package) in files.items()}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    """Tarjan's algorithm, iterative; the components of more than one module (the cycles)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[tuple[str, ...]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(tuple(sorted(component)))
+    return cycles
+
+
+def _describe(cycle: tuple[str, ...], graph: dict[str, set[str]]) -> str:
+    members = set(cycle)
+    edges = [f"    {a} -> {b}" for a in cycle for b in sorted(graph[a]) if b in members]
+    return "\n".join(["cycle among " + ", ".join(cycle), *edges])
+
+
+def test_the_graph_sees_lazy_imports_and_skips_type_checking():
+    graph = import_graph()
+    assert len(graph) > 50
+    # Inside a function (engine_core builds the tensor-parallel runner only when asked for it).
+    assert "aioinfer.distributed.tp_runner" in graph["aioinfer.engine.engine_core"]
+    # Under ``if TYPE_CHECKING:`` only (the record builder names the channel's type, never imports it).
+    assert "aioinfer.async_engine.request_channel" not in graph["aioinfer.async_engine.stats"]
+    # ``from package import submodule`` reaches the submodule.
+    assert "aioinfer.data_parallel.engine" in graph["aioinfer"]
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    cycles = [c for c in strongly_connected(graph) if c not in KNOWN_CYCLES]
+    assert not cycles, "import cycles among aioinfer's modules:\n" + "\n".join(_describe(c, graph) for c in cycles)
+    stale = set(KNOWN_CYCLES) - set(strongly_connected(graph))
+    assert not stale, f"KNOWN_CYCLES lists cycles that are gone: {sorted(stale)}"
+
+
+def test_engine_packages_import_downwards_only():
+    # text <- engine (sync core) <- async_engine <- data_parallel: each may import the ones before it.
+    order = ["aioinfer.text", "aioinfer.engine", "aioinfer.async_engine", "aioinfer.data_parallel"]
+
+    def layer(module: str):
+        return next((i for i, pkg in enumerate(order) if module == pkg or module.startswith(pkg + ".")), None)
+
+    graph = import_graph()
+    upward = [f"{a} -> {b}" for a, targets in sorted(graph.items()) for b in sorted(targets)
+              if layer(a) is not None and layer(b) is not None and layer(b) > layer(a)]
+    assert not upward, "imports against the layering:\n" + "\n".join(upward)

@@ -22,22 +22,8 @@ import tempfile
 import time
 from typing import Any, Optional
 
+from benchmarks import null_runner
 from benchmarks.common import SHAPES, dump, environment, format_table, write_dummy_model
-
-
-def _install_null_runner(step_s: float) -> None:
-    from aioinfer.core.scheduler_output import RunnerOutput
-    from aioinfer.worker.model_runner import ModelRunner
-
-    def launch(self, scheduler_output):
-        return [item.request_id for item in scheduler_output.scheduled if item.samples]
-
-    def collect(self, request_ids):
-        time.sleep(step_s)
-        return RunnerOutput(sampled_request_ids=request_ids, sampled_token_ids=[7] * len(request_ids))
-
-    ModelRunner.launch = launch
-    ModelRunner.collect = collect
 
 
 async def _run(folder: str, streams: int, tokens: int, prompt_len: int, dp: int, stream: bool,
@@ -96,7 +82,7 @@ def main() -> None:
 
     import anyio
 
-    _install_null_runner(args.step_ms / 1e3)
+    null_runner.install(args.step_ms / 1e3)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = str(write_dummy_model(SHAPES["tiny"], tmp))

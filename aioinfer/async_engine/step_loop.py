@@ -73,6 +73,7 @@ class StepLoop:
         self._inbox.put(command)
 
     def _run(self) -> None:
+        _name_os_thread(self.thread.name)
         try:
             core = self._make_core()
         except BaseException as exc:  # noqa: BLE001 - reported to the event loop, which raises it
@@ -149,6 +150,16 @@ class StepLoop:
                 rejected.append((command.request.request_id, exc))
         elif isinstance(command, FinishRequests):
             core.finish_requests(list(command.request_ids), command.status)
+
+
+def _name_os_thread(name: str) -> None:
+    """Give the GPU thread its name in the OS too (Linux), so that top, py-spy and the benchmarks'
+    per-thread CPU split (benchmarks/proc_cpu.py) can tell it from the event loop's thread."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as comm:
+            comm.write(name[:15])  # the kernel keeps 15 bytes
+    except OSError:
+        pass  # not Linux, or no /proc: a cosmetic loss
 
 
 def _idle_stats(core: EngineCore) -> StepStats:

@@ -64,6 +64,8 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=540, help="seconds per mode")
     p.add_argument("--out", default=None)
     p.add_argument("--log-dir", default=None, help="keep the server logs here (default: a temporary file each)")
+    p.add_argument("--py-spy", default=None, metavar="PATH",
+                   help="py-spy binary: record the server's threads during the timed run (raw stacks in --log-dir)")
     p.add_argument("--child-mode", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     p.add_argument("--folder", default=None, help=argparse.SUPPRESS)
@@ -247,6 +249,8 @@ def _best(runs: list[dict]) -> dict:
 def run_server(args, device: str, folder: Path, requests, vllm: bool = False) -> dict[str, Any]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
+    if args.log_dir:
+        Path(args.log_dir).mkdir(parents=True, exist_ok=True)
     log = tempfile.NamedTemporaryFile(prefix=f"server-{args.model}-{'vllm' if vllm else 'aioinfer'}-", suffix=".log",
                                       delete=False, dir=args.log_dir)
     if vllm:
@@ -282,7 +286,10 @@ def run_server(args, device: str, folder: Path, requests, vllm: bool = False) ->
         for _ in range(args.repeats):
             before = {pid: thread_cpu(pid) for pid in serving}
             cpu_before = {pid: process_cpu(pid) for pid in serving}
+            spy = _start_py_spy(args, serving[0], f"{args.model}-{'vllm' if vllm else 'aioinfer'}")
             result = _clients(url, model_name, requests, args.clients)
+            if spy is not None:
+                spy.wait(timeout=120)
             if not vllm:
                 result["cpu_s"] = split_by_role(before[serving[0]], thread_cpu(serving[0]), serving[0])
             result["server_process_cpu_s"] = sum(process_cpu(pid) - cpu_before[pid] for pid in serving)
@@ -297,6 +304,16 @@ def run_server(args, device: str, folder: Path, requests, vllm: bool = False) ->
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(server.pid, signal.SIGKILL)
         print(f"server log: {log.name}", flush=True)
+
+
+def _start_py_spy(args, pid: int, tag: str):
+    """py-spy sampling the server's threads for about the timed run (raw collapsed stacks)."""
+    if not args.py_spy:
+        return None
+    out = Path(args.log_dir or tempfile.gettempdir()) / f"pyspy-{tag}.txt"
+    return subprocess.Popen([args.py_spy, "record", "--pid", str(pid), "--duration", "12", "--rate", "250",
+                             "--format", "raw", "--threads", "--nonblocking", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _serving_pid(master: int) -> int:

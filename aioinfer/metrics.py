@@ -10,7 +10,12 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+import bisect
+import threading
+from typing import Iterable, Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
 
 from aioinfer.async_engine.stats import RequestStats, StepStats
 
@@ -64,8 +69,10 @@ class PrometheusMetrics:
         self.success = Counter("vllm:request_success", "Requests that ended, by finish reason.",
                                labels + ["finished_reason"], registry=r)
         self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
-        self.itl = hist("vllm:inter_token_latency_seconds", "Time between consecutive token deliveries.",
-                        _ITL_BUCKETS)
+        # A request's gaps arrive together when it ends, one per token: a bulk histogram takes them in
+        # one call (prometheus_client's observe costs ~1.5 us each, on the event loop).
+        self.itl = BulkHistogram("vllm:inter_token_latency_seconds", "Time between consecutive token deliveries.",
+                                 labels, _ITL_BUCKETS, registry=r)
         self.e2e = hist("vllm:e2e_request_latency_seconds", "Arrival to end of a request.", _LATENCY_BUCKETS)
         self.queue_time = hist("vllm:request_queue_time_seconds", "Arrival to first scheduled step.",
                                _LATENCY_BUCKETS)
@@ -141,8 +148,7 @@ class PrometheusMetrics:
                 e.queue_time.observe(stats.queue_time)
             if stats.ttft is not None:
                 e.ttft.observe(stats.ttft)
-            for gap in stats.inter_token_latencies:
-                e.itl.observe(gap)
+            e.itl.observe_many(stats.inter_token_latencies)
             e.e2e.observe(stats.e2e_latency)
             if stats.status == "error":
                 e.failed.inc()
@@ -199,3 +205,73 @@ class _EngineSeries:
         self.label = label
         for name in self._BOUND:
             setattr(self, name, getattr(metrics, name).labels(metrics.model_name, label))
+
+
+class BulkHistogram:
+    """A labelled Prometheus histogram whose children take many observations in one call.
+
+    Exposed exactly as a ``prometheus_client.Histogram`` (``_bucket``, ``_sum``, ``_count``); the
+    counts live in plain lists, filled by ``bisect`` in C, under one lock per call, not per value.
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float],
+                 registry: CollectorRegistry) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        self.bounds = tuple(float(b) for b in buckets)  # +Inf is the last, implicit bucket
+        self._children: dict[tuple[str, ...], _BulkChild] = {}
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def labels(self, *values: str) -> "_BulkChild":
+        key = tuple(str(v) for v in values)
+        with self._lock:
+            child = self._children.get(key)
+            if child is None:
+                child = self._children[key] = _BulkChild(self.bounds)
+            return child
+
+    def describe(self) -> list:
+        return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self) -> Iterable[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        with self._lock:
+            children = list(self._children.items())
+        for key, child in children:
+            counts, total = child.snapshot()
+            cumulative, buckets = 0, []
+            for bound, count in zip((*self.bounds, float("inf")), counts):
+                cumulative += count
+                buckets.append(("+Inf" if bound == float("inf") else _float_str(bound), cumulative))
+            family.add_metric(list(key), buckets, total)
+        yield family
+
+
+class _BulkChild:
+    __slots__ = ("_bounds", "_counts", "_sum", "_lock")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self._counts = [0] * (len(bounds) + 1)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        self.observe_many((value,))
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        bounds, counts, locate = self._bounds, self._counts, bisect.bisect_left
+        with self._lock:
+            for value in values:
+                counts[locate(bounds, value)] += 1  # le semantics: a value equal to a bound counts in it
+                self._sum += value
+
+    def snapshot(self) -> tuple[list[int], float]:
+        with self._lock:
+            return list(self._counts), self._sum
+
+
+def _float_str(value: float) -> str:
+    from prometheus_client.utils import floatToGoString
+
+    return floatToGoString(value)

@@ -44,6 +44,7 @@ ENGINE_OPTIONS: dict[str, type] = {
     "max_waiting_requests": int,
     "max_waiting_prompt_tokens": int,
     "stream_buffer_size": int,
+    "stream_interval": int,
     "stall_timeout": float,
     "fault_inject_step": int,  # tests only: make the step loop fail at this step
 }

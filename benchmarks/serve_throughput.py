@@ -66,6 +66,7 @@ def main() -> None:
     p.add_argument("--log-dir", default=None, help="keep the server logs here (default: a temporary file each)")
     p.add_argument("--py-spy", default=None, metavar="PATH",
                    help="py-spy binary: record the server's threads during the timed run (raw stacks in --log-dir)")
+    p.add_argument("--py-spy-gil", action="store_true", help="with --py-spy: sample only the thread holding the GIL")
     p.add_argument("--child-mode", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     p.add_argument("--folder", default=None, help=argparse.SUPPRESS)
@@ -310,9 +311,10 @@ def _start_py_spy(args, pid: int, tag: str):
     """py-spy sampling the server's threads for about the timed run (raw collapsed stacks)."""
     if not args.py_spy:
         return None
-    out = Path(args.log_dir or tempfile.gettempdir()) / f"pyspy-{tag}.txt"
+    out = Path(args.log_dir or tempfile.gettempdir()) / f"pyspy-{tag}{'-gil' if args.py_spy_gil else ''}.txt"
     return subprocess.Popen([args.py_spy, "record", "--pid", str(pid), "--duration", "12", "--rate", "250",
-                             "--format", "raw", "--threads", "--nonblocking", "-o", str(out)],
+                             "--format", "raw", "--threads", "--nonblocking", *(["--gil"] if args.py_spy_gil else []),
+                             "-o", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -57,7 +57,8 @@ class Engine:
         max_waiting_requests: int = 512,  # admitted requests not yet scheduled
         max_waiting_prompt_tokens: int = 262_144,  # their prompt tokens
         stream_buffer_size: int = 64,  # deltas buffered per request before merging
-        stall_timeout: float = 30.0,  # seconds a consumer may leave merged deltas unread
+        stream_interval: int = 1,  # tokens per streamed delta (the first and the last at once; vLLM's option)
+        stall_timeout: float = 30.0,  # seconds a consumer may leave delivered deltas untaken
         observers: Sequence[EngineObserver] = (),
         fault_inject_step: Optional[int] = None,  # tests: make the step loop fail at this step
         **engine_kwargs: Any,
@@ -65,7 +66,7 @@ class Engine:
         from aioinfer.fetch import DEFAULT_MODEL
 
         for name, value in (("max_waiting_requests", max_waiting_requests), ("stream_buffer_size", stream_buffer_size),
-                            ("max_waiting_prompt_tokens", max_waiting_prompt_tokens)):
+                            ("max_waiting_prompt_tokens", max_waiting_prompt_tokens), ("stream_interval", stream_interval)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not stall_timeout > 0:
@@ -77,6 +78,7 @@ class Engine:
         self.max_waiting_requests = max_waiting_requests
         self.max_waiting_prompt_tokens = max_waiting_prompt_tokens
         self.stream_buffer_size = stream_buffer_size
+        self.stream_interval = stream_interval
         self.stall_timeout = stall_timeout
         self.observers = list(observers)
         self._fault_inject_step = fault_inject_step
@@ -276,6 +278,7 @@ class Engine:
         self._core.scheduler.check_fits(request.num_prompt_tokens, request.max_tokens)  # immutable limits
         self._admit(len(prompt_ids))
         channel = RequestChannel.open(request_id, len(prompt_ids), self.stream_buffer_size, final_only=not stream,
+                                      interval=self.stream_interval,
                                       stall_probe=stall_probe)
         self._channels[request_id] = channel
         self._admission.enter(len(prompt_ids))

@@ -15,6 +15,11 @@ per token (a checkpoint, a task-info record and an event per call). It takes buf
 there are none, waits on ``waiter``, a plain event that the producer sets when it sends or closes.
 The stream stays the bounded buffer and the close signal.
 
+Stream interval (``interval``, vLLM's ``--stream-interval``): deltas are held (merged in
+``pending``, not yet for reading) until they carry ``interval`` tokens, so that under load one
+wake-up, one SSE event and one socket write serve several tokens. The first tokens and the last
+delta go at once; 1 (the default) sends every delta as it comes.
+
 Final-only delivery (``final_only``, vLLM's ``RequestOutputKind.FINAL_ONLY``): every delta is
 merged into ``pending`` and nothing is sent, so the consumer sleeps until the request ends and then
 wakes once for the one merged delta.
@@ -41,6 +46,7 @@ class RequestChannel:
     receive: MemoryObjectReceiveStream
     arrival: float  # time.monotonic() when accepted
     final_only: bool = False  # deliver one merged delta when the request ends (non-streaming)
+    interval: int = 1  # tokens a delta holds before it is for reading (the first and the last: at once)
     queued: int = 0  # deltas in the stream's buffer, not yet taken by the consumer
     pending: Optional[DeltaMerger] = None  # merged deltas the buffer had no room for (final-only: all so far)
     waiter: Any = None  # an anyio Event the consumer waits on while ``queued`` is 0; set once, then dropped
@@ -63,14 +69,15 @@ class RequestChannel:
 
     @classmethod
     def open(cls, request_id: str, num_prompt_tokens: int, buffer_size: int, final_only: bool = False,
-             stall_probe: Optional[Callable[[float], Optional[float]]] = None) -> "RequestChannel":
+             stall_probe: Optional[Callable[[float], Optional[float]]] = None, interval: int = 1) -> "RequestChannel":
         send, receive = anyio.create_memory_object_stream[object](max_buffer_size=buffer_size)
         return cls(request_id=request_id, num_prompt_tokens=num_prompt_tokens, send=send, receive=receive,
-                   arrival=time.monotonic(), final_only=final_only, stall_probe=stall_probe)
+                   arrival=time.monotonic(), final_only=final_only, stall_probe=stall_probe, interval=interval)
 
     def deliver(self, delta: GenerationDelta, now: float) -> None:
         """Never blocks: appends to the stream, or merges into ``pending`` when the buffer is full
-        (or, final-only, until the request ends). ``now``: time.monotonic(), once per step."""
+        (or while the stream interval holds it; final-only: until the request ends). ``now``:
+        time.monotonic(), once per step."""
         if self.closed:
             return
         if delta.token_ids:
@@ -81,16 +88,15 @@ class RequestChannel:
             self.last_token_at = now
         self.num_output_tokens = delta.num_output_tokens
         self.num_cached_tokens = delta.num_cached_tokens
-        if self.unread_since is None and not self.final_only:  # final-only: nothing is for reading yet
-            self.unread_since = now
         pending = self.pending
         if pending is not None:
             pending.add(delta)
-            if self.final_only and delta.finish_reason is not None:
-                self.flush()
-        elif self.final_only and delta.finish_reason is None:
-            self.pending = DeltaMerger(delta)
+            self.flush(now)  # if it is ready now (and there is room)
+        elif self._holds(delta):
+            self.pending = DeltaMerger(delta)  # not for reading yet: the stall clock does not start
         else:
+            if self.unread_since is None:
+                self.unread_since = now
             try:
                 self.send.send_nowait(delta)
             except anyio.WouldBlock:
@@ -100,6 +106,17 @@ class RequestChannel:
                 self._wake()
         if delta.finish_reason is not None:
             self._close_when_drained()
+
+    def _holds(self, delta: GenerationDelta) -> bool:
+        """Whether a delta arriving with nothing pending waits for more (final-only, stream interval)."""
+        if delta.finish_reason is not None:
+            return False
+        if self.final_only:
+            return True
+        interval = self.interval
+        # The first tokens go at once (time to first token is not the interval's to stretch).
+        return (interval > 1 and len(delta.token_ids) < interval
+                and delta.num_output_tokens > len(delta.token_ids))
 
     def take(self) -> GenerationDelta:
         """The consumer's read (``queued`` > 0): every buffered delta, merged into one; then
@@ -114,16 +131,19 @@ class RequestChannel:
             item = merger.result()
         self.unread_since = None
         if self.pending is not None:
-            self.flush()
-            if self.queued:  # what overflowed is now in the buffer, unread: the clock restarts at this read
-                self.unread_since = time.monotonic()
+            self.flush()  # what overflowed moves into the room made: unread again from this read on
         return item
 
-    def flush(self) -> None:
-        """Move ``pending`` into the stream if there is room now (final-only: once it is final)."""
+    def flush(self, now: Optional[float] = None) -> None:
+        """Move ``pending`` into the stream if it is ready (final-only: once final; otherwise once it
+        holds ``interval`` tokens, or is final) and there is room now."""
         pending = self.pending
-        if pending is None or (self.final_only and not pending.finished):
+        if pending is None:
             return
+        if not pending.finished and (self.final_only or pending.num_tokens < self.interval):
+            return
+        if self.unread_since is None and not self.final_only:
+            self.unread_since = time.monotonic() if now is None else now
         try:
             self.send.send_nowait(pending.result())
         except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):

@@ -55,6 +55,10 @@ class DeltaMerger:
     def finished(self) -> bool:
         return self._last.finish_reason is not None
 
+    @property
+    def num_tokens(self) -> int:
+        return len(self._token_ids)
+
     def add(self, later: GenerationDelta) -> None:
         self._last = later
         self._token_ids += later.token_ids

@@ -65,18 +65,17 @@ class OutputProcessor:
                             else self._logprobs(state, out.new_token_ids, out.new_logprobs))
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
             new_text = ""
-            if state.text is not None:
-                delta = state.text.append(out.new_token_ids)
-                new_text = delta.new_text
-                if delta.stopped and finish_reason is None:
-                    finish_reason, stop_reason = "stop", delta.stop_reason
-                    stopped_by_string.append(out.request_id)
-                elif delta.stopped:
-                    finish_reason, stop_reason = "stop", delta.stop_reason
-                if finish_reason is not None and not delta.stopped:
-                    new_text += state.text.finish()
-                    if state.text.stopped:  # the held-back tail completed a stop string
-                        finish_reason, stop_reason = "stop", state.text.stop_reason
+            text = state.text
+            if text is not None:
+                new_text = text.append_text(out.new_token_ids)
+                if text.stopped:
+                    if finish_reason is None:
+                        stopped_by_string.append(out.request_id)
+                    finish_reason, stop_reason = "stop", text.stop_reason
+                elif finish_reason is not None:
+                    new_text += text.finish()
+                    if text.stopped:  # the held-back tail completed a stop string
+                        finish_reason, stop_reason = "stop", text.stop_reason
             state.pieces.append(new_text)
             state.finish_reason, state.stop_reason = finish_reason, stop_reason
             # Positional (GenerationDelta's field order): one of these per token, on the event loop.

@@ -43,6 +43,7 @@ _ENGINE_HELP = {
     "max_waiting_requests": "admission bound: queued requests before 429",
     "max_waiting_prompt_tokens": "admission bound: queued prompt tokens before 429",
     "stall_timeout": "seconds a stalled streaming client is kept before its request is aborted",
+    "stream_interval": "tokens per streamed chunk (1: every token at once; more: fewer chunks under load)",
     "data_parallel_size": "whole-model replicas, one GPU (and GPU thread) each, behind one router",
     "tensor_parallel_size": "ranks splitting each layer (one worker process per extra rank)",
     "preemption_mode": "recompute | swap (to pinned host memory)",

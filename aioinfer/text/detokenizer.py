@@ -169,6 +169,17 @@ class IncrementalDetokenizer:
 
     def push(self, token_ids: Sequence[int]) -> str:
         """Add output ids; return the text they complete ('' while a character is split)."""
+        if len(token_ids) == 1:  # the per-token case of a decode step, without the loop's lists
+            tid = token_ids[0]
+            self._ids.append(tid)
+            piece = self._stepper.step(tid)
+            if piece is None:
+                self._pending += 1
+                return ""
+            self._pending = 0
+            if piece:
+                self._pieces.append(piece)
+            return piece
         out: list[str] = []
         for tid in token_ids:
             self._ids.append(tid)

@@ -35,7 +35,7 @@ class TextAccumulator:
     ``spaces_between_special_tokens``, and the keyword arguments are ignored.
     """
 
-    __slots__ = ("detokenizer", "stop_checker", "_pieces", "_held", "_stop_reason", "_done")
+    __slots__ = ("detokenizer", "stop_checker", "_pieces", "_held", "_stop_reason", "_done", "_no_stops")
 
     def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int] | None = None,
                  params: SamplingParams | None = None, *,
@@ -53,6 +53,7 @@ class TextAccumulator:
         self._held = ""  # decoded but unsent: it may be the start of a stop string
         self._stop_reason: str | None = None
         self._done = False  # stopped or finished: later calls add nothing
+        self._no_stops = not self.stop_checker.stops  # nothing to hold back or match: the per-token fast path
 
     @property
     def text(self) -> str:
@@ -83,10 +84,20 @@ class TextAccumulator:
 
     def append(self, token_ids: Sequence[int]) -> TextDelta:
         """Add the step's new token ids; return what may be sent now."""
-        if self._done:
-            return TextDelta("", self.stopped, self._stop_reason)
-        out = self._advance(self.detokenizer.push(token_ids), final=False)
+        out = self.append_text(token_ids)
         return TextDelta(out, self.stopped, self._stop_reason)
+
+    def append_text(self, token_ids: Sequence[int]) -> str:
+        """``append`` for the per-token path: the text that may be sent now; ``stopped`` and
+        ``stop_reason`` say whether a stop string ended the request."""
+        if self._done:
+            return ""
+        new = self.detokenizer.push(token_ids)
+        if self._no_stops:  # no stop strings: nothing is ever held back
+            if new:
+                self._pieces.append(new)
+            return new
+        return self._advance(new, final=False)
 
     def finish(self) -> str:
         """End of the request: return the rest (held bytes and held text). Idempotent.

@@ -25,7 +25,7 @@ from aioinfer.entrypoints.openai.serving_common import (
     stream_error_event,
     usage,
 )
-from aioinfer.entrypoints.openai.sse import DONE, event
+from aioinfer.entrypoints.openai.sse import DONE, EventTemplate, event, text_marker
 
 
 async def create_chat_completion(state: ServerState, body: bytes, client_id: Optional[str] = None) -> Response:
@@ -100,11 +100,19 @@ class _Job:
             })
         return {**self._envelope("chat.completion", choices), "usage": self._usage()}
 
+    def _text_chunk(self, kind: str, index: int, include_usage: bool) -> dict:
+        obj = self._envelope(kind, [{"index": index, "delta": {"content": text_marker()}, "logprobs": None,
+                                     "finish_reason": None, "stop_reason": None}])
+        if include_usage:
+            obj["usage"] = None
+        return obj
+
     async def stream(self, streams: ChoiceStreams) -> AsyncIterator[bytes]:
         options = self.req.stream_options
         include_usage = options is not None and options.include_usage
         continuous = include_usage and options.continuous_usage_stats
         kind = "chat.completion.chunk"
+        templates: dict[int, EventTemplate] = {}  # per choice: the content-only chunk, encoded once
 
         def chunk(choice: dict) -> bytes:
             obj = self._envelope(kind, [choice])
@@ -123,6 +131,13 @@ class _Job:
                     lp = self._logprobs(delta)
                     if not delta.text and not delta.finished and not (lp and lp["content"]):
                         continue  # tokens whose text is held back (partial characters, possible stop)
+                    if lp is None and not delta.finished and not continuous:  # the per-token case
+                        template = templates.get(spec.index)
+                        if template is None:
+                            template = templates[spec.index] = EventTemplate(self._text_chunk(
+                                kind, spec.index, include_usage))
+                        yield template.fill(delta.text)
+                        continue
                     yield chunk({"index": spec.index, "delta": {"content": delta.text} if delta.text else {},
                                  "logprobs": lp, "finish_reason": delta.finish_reason,
                                  "stop_reason": stop_reason_json(delta.stop_reason)})

@@ -25,7 +25,7 @@ from aioinfer.entrypoints.openai.serving_common import (
     stream_error_event,
     usage,
 )
-from aioinfer.entrypoints.openai.sse import DONE, event
+from aioinfer.entrypoints.openai.sse import DONE, EventTemplate, event, text_marker
 
 
 async def create_completion(state: ServerState, body: bytes, client_id: Optional[str] = None) -> Response:
@@ -103,11 +103,19 @@ class _Job:
             })
         return {**self._envelope(choices), "usage": self._usage()}
 
+    def _text_template(self, index: int, include_usage: bool) -> EventTemplate:
+        chunk = self._envelope([{"index": index, "text": text_marker(), "logprobs": None, "finish_reason": None,
+                                 "stop_reason": None}])
+        if include_usage:
+            chunk["usage"] = None
+        return EventTemplate(chunk)
+
     async def stream(self, streams: ChoiceStreams) -> AsyncIterator[bytes]:
         options = self.req.stream_options
         include_usage = options is not None and options.include_usage
         continuous = include_usage and options.continuous_usage_stats
         echoed: set[int] = set()
+        templates: dict[int, EventTemplate] = {}  # per choice: the text-only chunk, encoded once
         try:
             async with aclosing(streams.merged()) as merged:
                 async for spec, delta in merged:
@@ -121,6 +129,12 @@ class _Job:
                           if self.logprobs is not None else None)
                     if not text and not delta.finished and not (lp and lp["tokens"]):
                         continue  # tokens whose text is held back (partial characters, possible stop)
+                    if lp is None and not delta.finished and not continuous:  # the per-token case
+                        template = templates.get(spec.index)
+                        if template is None:
+                            template = templates[spec.index] = self._text_template(spec.index, include_usage)
+                        yield template.fill(text)
+                        continue
                     chunk = self._envelope([{
                         "index": spec.index, "text": text, "logprobs": lp, "finish_reason": delta.finish_reason,
                         "stop_reason": stop_reason_json(delta.stop_reason)}])

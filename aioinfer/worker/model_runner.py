@@ -118,6 +118,7 @@ class ModelRunner:
         """
         for request_id in scheduler_output.finished_request_ids:
             self._states.pop(request_id, None)
+        self.inputs.forget(scheduler_output.finished_request_ids)
         for new in scheduler_output.new_requests:
             self._states[new.request_id] = SamplingRow(
                 params=new.sampling_params,
@@ -199,6 +200,12 @@ class ModelRunner:
         last_rows = self._last_sampled[1]
         for item in scheduler_output.scheduled:
             token_ids = item.token_ids
+            if len(token_ids) == 1:  # a decode row: the common case, without the scans below
+                if token_ids[0] == PLACEHOLDER_TOKEN:
+                    positions.append(offset)
+                    rows.append(last_rows[item.request_id])
+                offset += 1
+                continue
             if PLACEHOLDER_TOKEN in token_ids:  # a C-level scan; the Python loop only where one is
                 row = last_rows[item.request_id]
                 for i, token in enumerate(token_ids):

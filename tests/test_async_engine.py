@@ -127,6 +127,15 @@ async def test_overload_is_refused_at_once(model_dir):
         await wait_until_idle(engine)
 
 
+async def cut_off_as_slow(engine: Engine, stream) -> None:
+    """Wait (bounded) until the watchdog aborted a stalled consumer; its stream then raises."""
+    with anyio.fail_after(20):
+        while engine.counters["aborted_slow_consumer"] == 0:
+            await anyio.sleep(0.05)
+    with pytest.raises(SlowConsumerError):
+        await collect(stream)
+
+
 @pytest.mark.anyio
 async def test_stall_counts_from_the_first_unread_delta_not_from_a_full_buffer(model_dir):
     # The buffer holds the whole request (no overflow ever): a consumer that stops reading is still
@@ -134,11 +143,7 @@ async def test_stall_counts_from_the_first_unread_delta_not_from_a_full_buffer(m
     async with Engine(model_dir, **OPTIONS, stream_buffer_size=100_000, stall_timeout=0.2) as engine:
         stream = engine.generate([7], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))
         await stream.__anext__()
-        with anyio.fail_after(20):
-            while engine.counters["aborted_slow_consumer"] == 0:
-                await anyio.sleep(0.05)
-        with pytest.raises(SlowConsumerError):
-            await collect(stream)
+        await cut_off_as_slow(engine, stream)
 
         cut_off = []
 
@@ -172,11 +177,7 @@ async def test_slow_consumer_gets_merged_deltas_then_is_cut_off(model_dir, offli
         # stalled: reads one delta, then nothing for longer than the limit (the request needs ~470 steps)
         stream = engine.generate([7], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))
         await stream.__anext__()
-        with anyio.fail_after(20):
-            while engine.counters["aborted_slow_consumer"] == 0:
-                await anyio.sleep(0.05)
-        with pytest.raises(SlowConsumerError):
-            await collect(stream)
+        await cut_off_as_slow(engine, stream)
         await wait_until_idle(engine)
 
 

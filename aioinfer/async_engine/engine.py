@@ -264,12 +264,7 @@ class Engine:
         params = sampling_params.clone() if sampling_params is not None else SamplingParams()
         if params.n != 1:
             raise ValueError("n must be 1 for Engine.generate; issue n calls (seed + i) for several samples")
-        if request_id is None:
-            request_id = f"req-{uuid.uuid4().hex}"
-        elif not isinstance(request_id, str) or not request_id:
-            raise ValueError("request_id must be a non-empty string")
-        if request_id in self._channels:
-            raise ValueError(f"request id {request_id!r} is already in use")
+        request_id = checked_request_id(request_id, self._channels)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         text, prompt_ids = self._inputs.tokenize(prompt)
@@ -453,3 +448,14 @@ class Engine:
         stats = request_stats(channel, status, finish_reason, now)
         for observer in self.observers:
             call_observer(observer.on_request_done, stats)
+
+
+def checked_request_id(request_id: Optional[str], in_use) -> str:
+    """The caller's request id, validated and not in ``in_use``; a fresh one when None."""
+    if request_id is None:
+        return f"req-{uuid.uuid4().hex}"
+    if not isinstance(request_id, str) or not request_id:
+        raise ValueError("request_id must be a non-empty string")
+    if request_id in in_use:
+        raise ValueError(f"request id {request_id!r} is already in use")
+    return request_id

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional, Sequence
 
 import anyio
 
 from aioinfer.async_engine.admission import RETRY_AFTER_UNKNOWN, fits_across, replicas_limit_error
-from aioinfer.async_engine.engine import Engine, Prompt
+from aioinfer.async_engine.engine import Engine, Prompt, checked_request_id
 from aioinfer.async_engine.stats import EngineObserver
 from aioinfer.config import EngineConfig
 from aioinfer.data_parallel.placement import replica_devices
@@ -190,12 +189,7 @@ class DataParallelEngine:
         """As ``Engine.generate`` (``stream=False``: one merged final delta); the request runs on one
         replica from start to end."""
         self._check_open()
-        if request_id is None:
-            request_id = f"req-{uuid.uuid4().hex}"
-        elif not isinstance(request_id, str) or not request_id:
-            raise ValueError("request_id must be a non-empty string")
-        if request_id in self._open:
-            raise ValueError(f"request id {request_id!r} is already in use")
+        request_id = checked_request_id(request_id, self._open)
         prompt_ids = self._replicas[0].tokenize(prompt)  # once, here: the router hashes the ids
         self.check_admission((len(prompt_ids),))  # never admissible: 400; all replicas full: 429
         hashes = self.router.block_hashes(prompt_ids, cache_salt)

@@ -65,6 +65,10 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)  # chained prefix-cache keys of its full blocks so far
     num_cached_tokens: Optional[int] = None  # prompt tokens found in the prefix cache at first admission
     host_run_start: Optional[int] = None  # SWAPPED: first host block of its KV (cdiv(computed, block_size) long)
+    # Set by the scheduler when it accepts the request, for the per-token stop test: below this many
+    # output tokens, and with a token outside ``stop_candidates``, a request cannot stop.
+    length_limit: int = 0
+    stop_candidates: frozenset = frozenset()
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -60,7 +60,10 @@ def main() -> None:
     p.add_argument("--engine-env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra AIOINFER_* setting for every path (e.g. AIOINFER_STREAM_INTERVAL=4)")
     p.add_argument("--vllm-server", action="store_true",
-                   help="also vLLM's server (PYTHONPATH must reach vllm: ../shared/gpu/fetch-vllm-peer.sh)")
+                   help="also vLLM's server (../shared/gpu/fetch-vllm-peer.sh; see --vllm-pythonpath)")
+    p.add_argument("--vllm-pythonpath", default=os.environ.get("VLLM_PYTHONPATH"),
+                   help="PYTHONPATH of vLLM's server alone (e.g. /tmp/vllm-site), so that its packages "
+                        "never shadow aioinfer's; default: $VLLM_PYTHONPATH, else the inherited one")
     p.add_argument("--timeout", type=float, default=540, help="seconds per mode")
     p.add_argument("--out", default=None)
     p.add_argument("--log-dir", default=None, help="keep the server logs here (default: a temporary file each)")
@@ -261,6 +264,8 @@ def run_server(args, device: str, folder: Path, requests, vllm: bool = False) ->
         if args.tokenizer:
             cmd += ["--tokenizer", args.tokenizer]
         env = dict(os.environ, VLLM_USE_FLASHINFER_SAMPLER="0")
+        if args.vllm_pythonpath:
+            env["PYTHONPATH"] = args.vllm_pythonpath
         model_name = str(folder)
     else:
         app = "benchmarks.null_runner_app:app" if args.null_runner_ms is not None else "aioinfer.app:app"
@@ -275,7 +280,8 @@ def run_server(args, device: str, folder: Path, requests, vllm: bool = False) ->
             env["AIOINFER_BENCH_NULL_STEP_MS"] = str(args.null_runner_ms)
         env.update(_engine_env(args))
         model_name = folder.name
-    env["PYTHONPATH"] = os.pathsep.join([str(Path.cwd()), env.get("PYTHONPATH", "")])
+    if not vllm:
+        env["PYTHONPATH"] = os.pathsep.join([str(Path.cwd()), env.get("PYTHONPATH", "")])
     print("+", " ".join(cmd), flush=True)
     server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -396,6 +402,7 @@ def _free_port() -> int:
 
 def report(args, env: dict, shape, requests, results: dict[str, Any]) -> None:
     offline = results.get("offline", {}).get("tok_per_s")
+    vllm_server = results.get("vllm-server", {}).get("tok_per_s")
     rows = []
     for mode, r in results.items():
         if "error" in r:
@@ -408,8 +415,11 @@ def report(args, env: dict, shape, requests, results: dict[str, Any]) -> None:
         rows.append([mode, r["tok_per_s"], f"{r['tok_per_s'] / offline:.0%}" if offline else None,
                      ttft.get("p50"), ttft.get("p99"), tpot.get("p50"), itl.get("p50"), itl.get("p99"),
                      per_token.get("gpu_thread"), per_token.get("main_thread"), per_token.get("other_threads"),
-                     f"busiest client {r['client_busiest_cpu_share']:.0%} of a core"
-                     if "client_busiest_cpu_share" in r else ""])
+                     "; ".join(note for note in (
+                         f"busiest client {r['client_busiest_cpu_share']:.0%} of a core"
+                         if "client_busiest_cpu_share" in r else "",
+                         f"{r['tok_per_s'] / vllm_server:.2f}x vLLM's server"
+                         if vllm_server and mode == "server" else "") if note)])
     payload = {"benchmark": "serve_throughput (workload 1: offline LLM, async Engine, HTTP server)",
                "model": args.model, "environment": env, "argv": vars(args), "num_requests": len(requests),
                "output_tokens": output_tokens(requests), "results": results}

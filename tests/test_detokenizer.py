@@ -392,3 +392,55 @@ def test_accumulator_from_sampling_params(smollm2_tokenizer):
     acc = TextAccumulator(tok, [1, 2], params)
     sent = "".join(acc.append([i]).new_text for i in ids) + acc.finish()
     assert sent == acc.text == "<|im_start|>hello world" and acc.stop_reason == "world"
+
+
+# --- the byte-level table (Qwen2.5, Llama 3, SmolLM2) -------------------------------------
+
+
+def test_byte_level_tokenizers_take_the_table_path(smollm2_tokenizer, sp_tokenizers):
+    from aioinfer.text.detokenizer import _ByteLevelStream, _RustStream, _WindowDecoder
+
+    assert isinstance(IncrementalDetokenizer(smollm2_tokenizer, [])._stepper, _ByteLevelStream)
+    for tok in sp_tokenizers.values():  # ByteFallback / Metaspace decoders: the Rust stream
+        assert isinstance(IncrementalDetokenizer(tok, [])._stepper, _RustStream)
+    assert isinstance(IncrementalDetokenizer(SlowOnly(smollm2_tokenizer), [])._stepper, _WindowDecoder)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_byte_level_table_is_decode_of_every_id(smollm2_tokenizer, skip):
+    """Each id's bytes decode as the Rust decoder renders that id alone (specials skipped or kept)."""
+    from aioinfer.text.detokenizer import byte_level_table
+
+    backend = fast_backend(smollm2_tokenizer)
+    table = byte_level_table(backend, skip)
+    assert table is byte_level_table(backend, skip)  # built once
+    assert len(table.raw) == len(table.texts) == backend.get_vocab_size(with_added_tokens=True)
+    for token_id, (raw, text) in enumerate(zip(table.raw, table.texts)):
+        assert raw.decode("utf-8", "replace") == backend.decode([token_id], skip_special_tokens=skip), token_id
+        assert text is None or text == raw.decode("utf-8")
+
+
+def test_ids_past_the_vocabulary_are_skipped_as_decode_does(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    ids = tok.encode("Hi 世界", add_special_tokens=False)
+    past = len(tok) + 100  # a model's padded embedding rows can be sampled
+    mixed = ids[:2] + [past] + ids[2:] + [past]
+    assert "".join(stream(tok, mixed, 1)) == tok.decode(mixed) == "Hi 世界"
+
+
+def test_byte_level_invalid_bytes_match_decode(smollm2_tokenizer):
+    """Long runs of single-byte tokens: stray continuation bytes, truncated and overlong sequences,
+    in any chunking, give what decode gives, and valid characters are never shown broken."""
+    tok = smollm2_tokenizer
+    backend = fast_backend(tok)
+    single = {}
+    for token_id in range(len(tok)):
+        token = backend.id_to_token(token_id)
+        if token is not None and len(token) == 1:
+            single.setdefault(token, token_id)
+    ids_by_char = list(single.values())
+    rng = random.Random(5)
+    for _ in range(300):
+        ids = [rng.choice(ids_by_char) for _ in range(rng.randint(1, 60))]
+        ref = tok.decode(ids, skip_special_tokens=True)
+        assert "".join(stream(tok, ids, rng)) == ref, ids

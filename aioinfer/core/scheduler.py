@@ -115,6 +115,10 @@ class Scheduler:
             raise ValueError(f"priority must be an integer, got {request.priority!r}")
         request.order_key = order_key(request.priority, self._num_steps, next(self._arrivals),
                                       self.priority_aging_steps)
+        params = request.sampling_params
+        request.length_limit = min(request.max_tokens, self.max_model_len - len(request.prompt_token_ids))
+        request.stop_candidates = frozenset(
+            (() if params.ignore_eos else request.eos_token_ids) + tuple(params.stop_token_ids or ()))
         self.requests[request.request_id] = request
         self.waiting.push(request)
 
@@ -159,6 +163,7 @@ class Scheduler:
         running = self.running
         max_model_len = self.max_model_len
         block_ids, block_size = self.kv_cache.block_ids, self.kv_cache.block_size
+        cache_blocks, known_to_runner = self.kv_cache.cache_blocks, self._known_to_runner
         index = 0
         while index < len(running) and budget > 0:
             request = running[index]
@@ -178,7 +183,16 @@ class Scheduler:
                 if not self._allocate_or_preempt(request, num_new, swap_out):
                     break  # the request itself was the last in order: it went back to waiting
                 table = block_ids(request.request_id)
-            scheduled.append(self._grant(request, num_new, new_requests, num_tokens, pending, table))
+            if num_new == 1 and start == num_tokens + pending - 1 and request.request_id in known_to_runner:
+                # A decode step (one token, the last known or the one in flight): ``_grant`` inline.
+                request.num_computed_tokens = start + 1
+                request.num_pending_tokens = pending + 1
+                cache_blocks(request, num_tokens)
+                scheduled.append(ScheduledRequest(
+                    request.request_id, [PLACEHOLDER_TOKEN] if pending else request.token_ids_slice(start, num_tokens),
+                    start, table, True))
+            else:
+                scheduled.append(self._grant(request, num_new, new_requests, num_tokens, pending, table))
             budget -= num_new
             index += 1
         num_preempted = self.num_preemptions - preemptions_before
@@ -388,6 +402,7 @@ class Scheduler:
         # Once per step, not per token: the loop runs for every sampling request.
         get_request = self.requests.get
         stop_status = self._stop_status
+        no_logprobs: list = []  # shared by every token without logprobs (read-only downstream)
         for row, (request_id, token_id) in enumerate(
                 zip(runner_output.sampled_request_ids, runner_output.sampled_token_ids)):
             request = get_request(request_id)
@@ -397,19 +412,22 @@ class Scheduler:
             request.num_pending_tokens -= 1
             output_ids = request.output_token_ids
             output_ids.append(token_id)
-            if len(output_ids) == 1:  # its first token: the prompt is done (vLLM counts it now, once)
+            num_output = len(output_ids)
+            if num_output == 1:  # its first token: the prompt is done (vLLM counts it now, once)
                 prefilled_prompt_tokens += len(request.prompt_token_ids)
-            status = stop_status(request, token_id)
             finish_reason = None
-            if status is not None:
-                # Preempted while this token was in flight, a request waits; otherwise it runs.
-                (self.running if request.status == RequestStatus.RUNNING else self.waiting).remove(request)
-                self._finish(request, status)
-                finish_reason = request.finish_reason
+            # The full stop test only where a stop is possible: a stop token, or the length limit.
+            if num_output >= request.length_limit or token_id in request.stop_candidates:
+                status = stop_status(request, token_id)
+                if status is not None:
+                    # Preempted while this token was in flight, a request waits; otherwise it runs.
+                    (self.running if request.status == RequestStatus.RUNNING else self.waiting).remove(request)
+                    self._finish(request, status)
+                    finish_reason = request.finish_reason
             logprobs = logprob_rows[row] if logprob_rows else None
             # Positional: keyword arguments would double the constructor's cost (~0.25 us a token).
             outputs.append(EngineCoreOutput(
-                request_id, [token_id], [logprobs] if logprobs is not None else [], finish_reason,
+                request_id, [token_id], no_logprobs if logprobs is None else [logprobs], finish_reason,
                 request.stop_reason, len(request.prompt_token_ids), request.num_preemptions,
                 request.num_cached_tokens or 0))
         self.last_prefilled_prompt_tokens = prefilled_prompt_tokens

@@ -14,6 +14,7 @@ from aioinfer.core.scheduler_output import EngineCoreOutput, TokenLogprobs
 from aioinfer.engine.delta import GenerationDelta
 from aioinfer.outputs import CompletionOutput, Logprob, SampleLogprobs
 from aioinfer.sampling_params import SamplingParams
+from aioinfer.text.detokenizer import byte_level_table, fast_backend
 from aioinfer.text.text_accumulator import TextAccumulator
 
 
@@ -23,8 +24,8 @@ class _State:
     prompt_token_ids: list[int]
     params: SamplingParams
     text: Optional[TextAccumulator]
+    num_prompt_tokens: int
     token_ids: list[int] = field(default_factory=list)
-    pieces: list[str] = field(default_factory=list)
     logprobs: Optional[SampleLogprobs] = None
     cumulative_logprob: Optional[float] = None
     finish_reason: Optional[str] = None
@@ -36,6 +37,9 @@ class OutputProcessor:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self._states: dict[str, _State] = {}
+        backend = None if tokenizer is None else fast_backend(tokenizer)
+        if backend is not None:
+            byte_level_table(backend, skip_special_tokens=True)  # now, not on the first request's path
 
     def add_request(self, request_id: str, prompt: Optional[str], prompt_token_ids: list[int],
                     params: SamplingParams) -> None:
@@ -44,6 +48,7 @@ class OutputProcessor:
             text = TextAccumulator(self.tokenizer, prompt_token_ids, params)
         self._states[request_id] = _State(
             prompt=prompt, prompt_token_ids=prompt_token_ids, params=params, text=text,
+            num_prompt_tokens=len(prompt_token_ids),
             logprobs=[] if params.logprobs is not None else None,
             cumulative_logprob=0.0 if params.logprobs is not None else None,
         )
@@ -68,20 +73,19 @@ class OutputProcessor:
             text = state.text
             if text is not None:
                 new_text = text.append_text(out.new_token_ids)
-                if text.stopped:
+                if text.stop_reason is not None:
                     if finish_reason is None:
                         stopped_by_string.append(out.request_id)
                     finish_reason, stop_reason = "stop", text.stop_reason
                 elif finish_reason is not None:
                     new_text += text.finish()
-                    if text.stopped:  # the held-back tail completed a stop string
+                    if text.stop_reason is not None:  # the held-back tail completed a stop string
                         finish_reason, stop_reason = "stop", text.stop_reason
-            state.pieces.append(new_text)
             state.finish_reason, state.stop_reason = finish_reason, stop_reason
             # Positional (GenerationDelta's field order): one of these per token, on the event loop.
             deltas.append(GenerationDelta(
                 out.request_id, out.new_token_ids, new_text, new_logprobs, finish_reason, stop_reason,
-                len(state.prompt_token_ids), len(state.token_ids), state.num_cached_tokens,
+                state.num_prompt_tokens, len(state.token_ids), state.num_cached_tokens,
                 state.prompt_token_ids,
             ))
         return deltas, stopped_by_string
@@ -101,7 +105,7 @@ class OutputProcessor:
         state = self._states[request_id]
         return CompletionOutput(
             index=index,
-            text="".join(state.pieces),
+            text="" if state.text is None else state.text.text,  # the deltas' texts joined
             token_ids=list(state.token_ids),
             cumulative_logprob=state.cumulative_logprob,
             logprobs=state.logprobs,

@@ -35,7 +35,7 @@ class TextAccumulator:
     ``spaces_between_special_tokens``, and the keyword arguments are ignored.
     """
 
-    __slots__ = ("detokenizer", "stop_checker", "_pieces", "_held", "_stop_reason", "_done", "_no_stops")
+    __slots__ = ("detokenizer", "stop_checker", "_pieces", "_held", "stop_reason", "_done", "_no_stops")
 
     def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int] | None = None,
                  params: SamplingParams | None = None, *,
@@ -51,7 +51,7 @@ class TextAccumulator:
         self.stop_checker = StopChecker(stop, include_stop_str_in_output)
         self._pieces: list[str] = []  # text sent so far, in deltas
         self._held = ""  # decoded but unsent: it may be the start of a stop string
-        self._stop_reason: str | None = None
+        self.stop_reason: str | None = None  # the stop string that ended the text (read-only outside)
         self._done = False  # stopped or finished: later calls add nothing
         self._no_stops = not self.stop_checker.stops  # nothing to hold back or match: the per-token fast path
 
@@ -62,18 +62,14 @@ class TextAccumulator:
 
     @property
     def stopped(self) -> bool:
-        return self._stop_reason is not None
-
-    @property
-    def stop_reason(self) -> str | None:
-        return self._stop_reason
+        return self.stop_reason is not None
 
     def _advance(self, new: str, final: bool) -> str:
         buf = self._held + new
         match = self.stop_checker.check(buf, len(new))
         if match is not None:
             out, self._held = buf[: match.truncate_at], ""
-            self._stop_reason = match.stop
+            self.stop_reason = match.stop
             self._done = True
         else:
             keep = 0 if final else self.stop_checker.holdback(buf)
@@ -85,7 +81,7 @@ class TextAccumulator:
     def append(self, token_ids: Sequence[int]) -> TextDelta:
         """Add the step's new token ids; return what may be sent now."""
         out = self.append_text(token_ids)
-        return TextDelta(out, self.stopped, self._stop_reason)
+        return TextDelta(out, self.stopped, self.stop_reason)
 
     def append_text(self, token_ids: Sequence[int]) -> str:
         """``append`` for the per-token path: the text that may be sent now; ``stopped`` and

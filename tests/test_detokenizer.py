@@ -420,6 +420,20 @@ def test_byte_level_table_is_decode_of_every_id(smollm2_tokenizer, skip):
         assert text is None or text == raw.decode("utf-8")
 
 
+def test_a_table_lives_as_long_as_its_tokenizer(smollm2_tokenizer):
+    import gc
+
+    from aioinfer.text import detokenizer
+
+    backend = Tokenizer.from_str(fast_backend(smollm2_tokenizer).to_str())  # a second, private copy
+    assert detokenizer.byte_level_table(backend, True) is not None
+    key = (id(backend), True)
+    assert key in detokenizer._tables
+    del backend
+    gc.collect()
+    assert key not in detokenizer._tables
+
+
 def test_ids_past_the_vocabulary_are_skipped_as_decode_does(smollm2_tokenizer):
     tok = smollm2_tokenizer
     ids = tok.encode("Hi 世界", add_special_tokens=False)

@@ -59,6 +59,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1, help="timed runs per mode (after one warm-up)")
     p.add_argument("--engine-env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra AIOINFER_* setting for every path (e.g. AIOINFER_STREAM_INTERVAL=4)")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="extra hypercorn argument for aioinfer's server (repeatable, e.g. --server-arg=--backlog=100)")
     p.add_argument("--vllm-server", action="store_true",
                    help="also vLLM's server (../shared/gpu/fetch-vllm-peer.sh; see --vllm-pythonpath)")
     p.add_argument("--vllm-pythonpath", default=os.environ.get("VLLM_PYTHONPATH"),
@@ -269,7 +271,7 @@ def run_server(args, device: str, folder: Path, requests, vllm: bool = False) ->
         model_name = str(folder)
     else:
         app = "benchmarks.null_runner_app:app" if args.null_runner_ms is not None else "aioinfer.app:app"
-        cmd = [sys.executable, "-m", "hypercorn", app, "--bind", f"127.0.0.1:{port}"]
+        cmd = [sys.executable, "-m", "hypercorn", app, "--bind", f"127.0.0.1:{port}", *args.server_arg]
         settings = engine_settings(args, device, requests)
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIOINFER_")}
         env.update({"AIOINFER_" + k.upper(): str(v) for k, v in settings.items()})

@@ -52,3 +52,21 @@ def test_engine_config_errors_name_the_field(kwargs, field):
 def test_unknown_engine_option():
     with pytest.raises(TypeError, match="bogus"):
         EngineConfig.from_kwargs("m", bogus=1)
+
+
+def test_clone_is_equal_and_shares_nothing_mutable():
+    import dataclasses
+
+    original = SamplingParams(n=3, temperature=0.7, top_k=5, seed=9, stop=["x", "y"], stop_token_ids=[4, 5],
+                              logit_bias={3: 1.5}, logprobs=2, max_tokens=7)
+    copy = original.clone()
+    assert copy == original
+    for f in dataclasses.fields(SamplingParams):  # every field, private ones too
+        assert getattr(copy, f.name) == getattr(original, f.name), f.name
+    copy.stop.append("z")
+    copy.stop_token_ids.append(6)
+    copy.logit_bias[8] = -1.0
+    copy.n = 1
+    assert original.stop == ["x", "y"] and original.stop_token_ids == [4, 5] and original.logit_bias == {3: 1.5}
+    assert original.n == 3
+    assert SamplingParams(max_tokens=3).clone().logit_bias is None

@@ -38,6 +38,8 @@ def test_default_model_matches_offline_and_streams_the_same(server, llm):
         streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **args)
                            if c.choices)
         assert full.message.content == want.text == streamed
+        # The text is the whole output decoded at once (the detokenizer's byte-level table path).
+        assert want.text == llm.get_tokenizer().decode(want.token_ids, skip_special_tokens=True)
         assert full.finish_reason == want.finish_reason
     want = llm.generate([PROMPT], SamplingParams(temperature=0.7, seed=4, max_tokens=16), use_tqdm=False)[0]
     got = client.completions.create(model="SmolLM2-135M-Instruct", prompt=PROMPT, max_tokens=16, temperature=0.7,

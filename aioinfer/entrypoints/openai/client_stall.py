@@ -15,7 +15,10 @@ client's stack stops accepting, which is the earliest moment a server can know.
 
 The ASGI scope names the connection by its addresses only; its socket is found among the
 process's descriptors (``/proc/self/fd``) and used without taking ownership: every sample checks
-that the descriptor still is that connection. Elsewhere than Linux, ``probe_for`` returns None
+that the descriptor still is that connection. The search waits for the probe's first sample (the
+engine's watchdog, off the request's path): a burst of new streams then costs one scan of the
+descriptors per watchdog round, where one scan per request (each new connection a miss) cost the
+last of 256 simultaneous requests a large part of its time to first token. Elsewhere than Linux, ``probe_for`` returns None
 and the engine's own stall limit (at the writer) is all there is.
 """
 
@@ -40,22 +43,29 @@ class ClientStallProbe:
     """``probe(now)`` -> since when (``time.monotonic()``) the client has taken nothing while bytes
     waited for it, or None while it keeps up. One per HTTP response, shared by its choices."""
 
-    __slots__ = ("_fd", "_family", "_peer", "_edge", "_progress_at", "_sampled_at", "_since")
+    __slots__ = ("_fd", "_family", "_peer", "_local", "_edge", "_progress_at", "_sampled_at", "_since")
 
-    def __init__(self, fd: int, family: int, peer: tuple) -> None:
-        self._fd = fd
-        self._family = family
+    def __init__(self, peer: tuple, local: tuple) -> None:
+        self._fd: Optional[int] = None  # found at the first sample (``_resolve``); -1: not found
+        self._family = 0
         self._peer = peer
+        self._local = local
         self._edge = -1  # right edge of the peer's window at the last sample
         self._progress_at = 0.0  # when the edge last moved (or nothing waited)
         self._sampled_at = -1.0
         self._since: Optional[float] = None
 
+    def _resolve(self) -> bool:
+        if self._fd is None:
+            found = _SOCKETS.find(self._peer, self._local)
+            self._fd, self._family = found if found is not None else (-1, 0)
+        return self._fd >= 0
+
     def __call__(self, now: float) -> Optional[float]:
         if now - self._sampled_at < _SAMPLE_PERIOD:
             return self._since
         self._sampled_at = now
-        info = self._tcp_info()
+        info = self._tcp_info() if self._resolve() else None
         if info is None:  # gone (the ASGI server notices the disconnect itself) or unreadable
             self._since = None
             return None
@@ -75,6 +85,8 @@ class ClientStallProbe:
         """The engine aborted the request for this stall: close the connection (both ways), so that
         the response's blocked write fails and the ASGI server frees the connection, as a write timeout
         would, instead of holding it and its send buffer until the client comes back."""
+        if not self._resolve():
+            return
         sock = socket.socket(self._family, socket.SOCK_STREAM, 0, self._fd)  # not ours: detached below
         try:
             if _address(sock.getpeername()) == self._peer:
@@ -104,11 +116,9 @@ def probe_for(scope: dict) -> Optional[ClientStallProbe]:
     client, server = scope.get("client"), scope.get("server")
     if not client or not server:
         return None  # a Unix socket, or an in-process test client
-    found = _SOCKETS.find((str(client[0]), int(client[1])), (str(server[0]), int(server[1])))
-    if found is None:
+    if not os.path.isdir(_FD_DIR):
         return None
-    fd, family = found
-    return ClientStallProbe(fd, family, (str(client[0]), int(client[1])))
+    return ClientStallProbe((str(client[0]), int(client[1])), (str(server[0]), int(server[1])))
 
 
 class _SocketIndex:

@@ -163,12 +163,20 @@ def check_prompt(value: Any) -> Union[str, list[str], list[int], list[list[int]]
                          "token-id lists, and not empty")
     if all(isinstance(p, str) for p in value):
         return value
-    if all(_is_token_id(t) for t in value):
+    if _are_token_ids(value):
         return value
-    if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in value):
+    if all(isinstance(p, list) and p and _are_token_ids(p) for p in value):
         return value
     raise ValueError("prompt must be a string, a list of strings, a list of token ids (integers >= 0) or a "
                      "list of non-empty token-id lists")
+
+
+def _are_token_ids(values: list) -> bool:
+    """Integers >= 0, bools excluded. JSON gives plain ints: two C-level passes decide those (a
+    prompt is thousands of ids, checked on the event loop per request); the per-id test is the rest."""
+    if set(map(type, values)) == {int}:
+        return min(values) >= 0
+    return all(_is_token_id(t) for t in values)
 
 
 def _is_token_id(value: Any) -> bool:

@@ -17,9 +17,10 @@ The ASGI scope names the connection by its addresses only; its socket is found a
 process's descriptors (``/proc/self/fd``) and used without taking ownership: every sample checks
 that the descriptor still is that connection. The search waits for the probe's first sample (the
 engine's watchdog, off the request's path): a burst of new streams then costs one scan of the
-descriptors per watchdog round, where one scan per request (each new connection a miss) cost the
-last of 256 simultaneous requests a large part of its time to first token. Elsewhere than Linux, ``probe_for`` returns None
-and the engine's own stall limit (at the writer) is all there is.
+descriptors per watchdog round. Searching when each request came in made every new connection a
+miss and a scan of every open socket, 11.6 ms each with 256 connections open on the CI CPU
+(benchmarks/request_ingest.py), paid on the event loop by every request of a burst. Elsewhere than
+Linux, ``probe_for`` returns None and the engine's own stall limit (at the writer) is all there is.
 """
 
 from __future__ import annotations

@@ -133,6 +133,19 @@ def workload1(num_requests: int = 256, seed: int = 0, max_input_len: int = 1024,
     return [Request(p, o) for p, o in zip(prompts, outputs)]
 
 
+def workload1_for(shape: "ModelShape", num_requests: int, max_input_len: int, max_output_len: int) -> list[Request]:
+    """Workload 1 for a model shape: token ids below 10,000 and inside the shape's vocabulary."""
+    return workload1(num_requests=num_requests, max_input_len=max_input_len, max_output_len=max_output_len,
+                     max_token_id=min(10000, shape.vocab - 1))
+
+
+def default_device(requested: Optional[str]) -> str:
+    """``--device`` as given, else cuda when there is one, else cpu."""
+    import torch
+
+    return requested or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def workload2(batch: int, prompt_len: int = 128, new_tokens: int = 256, seed: int = 0,
               max_token_id: int = 10000) -> list[Request]:
     """Workload 2: ``batch`` prompts of ``prompt_len`` random token ids, ``new_tokens`` each."""

@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks.common import (SHAPES, add_engine_options, ceilings, decode_step_floor_s, dump, engine_options,
+from benchmarks.common import (default_device, SHAPES, add_engine_options, ceilings, decode_step_floor_s, dump, engine_options,
                                environment, format_table, fresh_cache_salt, make_llm, workload2,
                                write_dummy_model)
 
@@ -46,7 +46,7 @@ def main() -> None:
 
     import torch
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(args.device)
     shape = SHAPES[args.model]
     batches = [int(b) for b in args.batches.split(",")]
     tok_max = min(10000, shape.vocab - 1)

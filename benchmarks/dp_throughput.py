@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (SHAPES, ceilings, dump, environment, format_table, fresh_cache_salt, output_tokens,
+from benchmarks.common import (default_device, workload1_for, SHAPES, ceilings, dump, environment, format_table, fresh_cache_salt, output_tokens,
                                run_child, workload1, workload_floor, write_child_result, write_dummy_model)
 
 
@@ -58,10 +58,9 @@ def main() -> None:
 
     import torch
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(args.device)
     shape = SHAPES[args.model]
-    requests = workload1(num_requests=args.num_requests, max_input_len=args.max_input_len,
-                         max_output_len=args.max_output_len, max_token_id=min(10000, shape.vocab - 1))[::args.every]
+    requests = workload1_for(shape, args.num_requests, args.max_input_len, args.max_output_len)[::args.every]
     if args.child_dp is not None:
         write_child_result(args.child_out, run_size(args, device, requests))
         return

@@ -24,7 +24,7 @@ import random
 import statistics
 import time
 
-from benchmarks.common import SHAPES, dump, environment, format_table
+from benchmarks.common import default_device, SHAPES, dump, environment, format_table
 
 TARGET_GBPS = 20.0
 TARGET_MIN_MIB = 64
@@ -47,7 +47,7 @@ def main() -> None:
     from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches
     from aioinfer.worker.swap import KVSwapper
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(default_device(args.device))
     cuda = device.type == "cuda"
     shape = SHAPES[args.model]
     spec = KVCacheSpec(num_layers=shape.layers, block_size=args.block_size, num_kv_heads=shape.kv_heads,

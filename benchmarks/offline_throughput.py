@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks.common import (SHAPES, add_engine_options, ceilings, dump, engine_options, environment, format_table,
+from benchmarks.common import (default_device, SHAPES, add_engine_options, ceilings, dump, engine_options, environment, format_table,
                                output_tokens, run_child, workload1, workload_floor, write_child_result,
                                write_dummy_model)
 
@@ -60,7 +60,7 @@ def main() -> None:
 
     import torch
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(args.device)
     shape = SHAPES[args.model]
     tok_max = min(10000, shape.vocab - 1)
     requests = workload1(max_token_id=tok_max)[: args.num_requests]

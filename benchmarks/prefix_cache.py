@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks.common import SHAPES, dump, environment, format_table, make_llm, write_dummy_model
+from benchmarks.common import default_device, SHAPES, dump, environment, format_table, make_llm, write_dummy_model
 from benchmarks.triton_compiles import TritonCompiles
 
 TARGET_RATIO = 0.15
@@ -47,7 +47,7 @@ def main() -> None:
 
     from aioinfer import SamplingParams
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(args.device)
     shape = SHAPES[args.model]
     prefix_len = min(args.prefix_len, shape.max_position - args.suffix_len - 1)
     if prefix_len != args.prefix_len:

@@ -20,7 +20,7 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks.common import SHAPES, dump, environment, format_table, make_llm, output_tokens, workload1, write_dummy_model
+from benchmarks.common import default_device, SHAPES, dump, environment, format_table, make_llm, output_tokens, workload1, write_dummy_model
 
 TARGET_COST = 0.02
 
@@ -46,7 +46,7 @@ def main() -> None:
 
     from aioinfer import SamplingParams
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(args.device)
     shape = SHAPES[args.model]
     requests = workload1(max_token_id=min(10000, shape.vocab - 1), max_output_len=args.max_output_len)
     requests = requests[: args.num_requests]

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from benchmarks.common import (SHAPES, dump, environment, fresh_cache_salt, format_table, output_tokens,
+from benchmarks.common import (default_device, workload1_for, SHAPES, dump, environment, fresh_cache_salt, format_table, output_tokens,
                                run_child, workload1, write_child_result, write_dummy_model)
 from benchmarks.proc_cpu import children, process_cpu, split_by_role, thread_cpu
 
@@ -77,12 +77,9 @@ def main() -> None:
     p.add_argument("--folder", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
 
-    import torch
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(args.device)
     shape = SHAPES[args.model]
-    requests = workload1(num_requests=args.num_requests, max_input_len=args.max_input_len,
-                         max_output_len=args.max_output_len, max_token_id=min(10000, shape.vocab - 1))
+    requests = workload1_for(shape, args.num_requests, args.max_input_len, args.max_output_len)
     if args.child_mode is not None:
         write_child_result(args.child_out, _child(args, device, requests))
         return

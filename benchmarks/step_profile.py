@@ -24,7 +24,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from benchmarks.common import (SHAPES, add_engine_options, dump, engine_options, environment, format_table,
+from benchmarks.common import (default_device, SHAPES, add_engine_options, dump, engine_options, environment, format_table,
                                fresh_cache_salt, make_llm, workload2, write_dummy_model)
 
 _PHASES = {  # label -> (attribute path on the LLM, method name)
@@ -109,7 +109,7 @@ def main() -> None:
 
     from aioinfer import SamplingParams
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(args.device)
     shape = SHAPES[args.model]
     batches = [int(b) for b in args.batches.split(",")]
     tok_max = min(10000, shape.vocab - 1)

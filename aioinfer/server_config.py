@@ -46,6 +46,7 @@ ENGINE_OPTIONS: dict[str, type] = {
     "stream_buffer_size": int,
     "stream_interval": int,
     "stall_timeout": float,
+    "host_cpu": int,
     "fault_inject_step": int,  # tests only: make the step loop fail at this step
 }
 
@@ -59,6 +60,9 @@ class ServerConfig:
     shutdown_grace: float = 10.0  # seconds in-flight requests may run on after SIGTERM before being aborted
     max_n: int = 64  # upper bound on `n` (each choice is a separate engine request)
     log_requests: bool = True  # one JSON line per finished request on the "aioinfer.requests" logger
+    # Connections the kernel queues for accept (0: leave the HTTP server's own, hypercorn's 100);
+    # entrypoints/openai/listen_backlog.py says why 2048.
+    listen_backlog: int = 2048
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # see ENGINE_OPTIONS
 
     def __post_init__(self) -> None:
@@ -68,6 +72,8 @@ class ServerConfig:
             raise ValueError(f"shutdown_grace must be >= 0, got {self.shutdown_grace!r}")
         if not (isinstance(self.max_n, int) and self.max_n >= 1):
             raise ValueError(f"max_n must be a positive integer, got {self.max_n!r}")
+        if not (isinstance(self.listen_backlog, int) and self.listen_backlog >= 0):
+            raise ValueError(f"listen_backlog must be an integer >= 0, got {self.listen_backlog!r}")
         unknown = set(self.engine_kwargs) - set(ENGINE_OPTIONS)
         if unknown:
             raise ValueError(f"unknown engine options: {sorted(unknown)}")
@@ -126,7 +132,7 @@ class _UnlessRootHandles(logging.StreamHandler):
 
 _FIELD_TYPES: dict[str, type] = {
     "model": str, "served_model_name": str, "api_key": str, "max_body_bytes": int,
-    "shutdown_grace": float, "max_n": int, "log_requests": bool,
+    "shutdown_grace": float, "max_n": int, "log_requests": bool, "listen_backlog": int,
 }
 
 

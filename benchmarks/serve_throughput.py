@@ -174,9 +174,13 @@ def _env_options(args) -> dict[str, Any]:
 
 
 def _offline(args, options: dict[str, Any], requests) -> dict[str, Any]:
-    from aioinfer import LLM, SamplingParams
+    import inspect
 
-    llm = LLM(model=args.folder, **options)
+    from aioinfer import LLM, Engine, SamplingParams
+
+    # The async Engine's own options (stream_interval, host_cpu, ...) mean nothing to the offline LLM.
+    async_only = {name for name, p in inspect.signature(Engine.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY}
+    llm = LLM(model=args.folder, **{k: v for k, v in options.items() if k not in async_only})
     warm = workload1(num_requests=8, seed=1, max_input_len=200, max_output_len=110, max_token_id=500)
     llm.generate([r.prompt for r in warm], [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0)
                                             for r in warm], use_tqdm=False)

@@ -106,7 +106,8 @@ def test_token_graph_replay_pads_into_one_extra_sequence(seqs_spec):
     runner = _runner(max_tokens=256, max_num_seqs=8, max_blocks=max_blocks)
     inputs = _step(seqs, max_blocks)
     t, s = inputs.attention.num_tokens, inputs.attention.num_seqs
-    hidden = runner.run(inputs)
+    hidden, logits = runner.run(inputs)
+    assert logits is None  # token graphs never compute logits
     bucket = runner.token_bucket_for(t)
     graph = runner._token_graphs[bucket][0]
     seen = graph.seen

@@ -27,6 +27,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
+from aioinfer.async_engine.host_cpu import check_host_cpu, pin_this_thread, unpin_this_thread
 from aioinfer.async_engine.admission import AdmissionQueue
 from aioinfer.async_engine.loop_bridge import LoopBridge
 from aioinfer.async_engine.request_channel import RequestChannel, event_factory, iterate_deltas
@@ -59,6 +60,7 @@ class Engine:
         stream_buffer_size: int = 64,  # deltas buffered per request before merging
         stream_interval: int = 1,  # tokens per streamed delta (the first and the last at once; vLLM's option)
         stall_timeout: float = 30.0,  # seconds a consumer may leave delivered deltas untaken
+        host_cpu: Optional[int] = None,  # run the event loop's thread and the GPU thread on this CPU (host_cpu.py)
         observers: Sequence[EngineObserver] = (),
         fault_inject_step: Optional[int] = None,  # tests: make the step loop fail at this step
         **engine_kwargs: Any,
@@ -71,6 +73,7 @@ class Engine:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not stall_timeout > 0:
             raise ValueError(f"stall_timeout must be > 0, got {stall_timeout!r}")
+        check_host_cpu(host_cpu)
         self.config = EngineConfig.from_kwargs(model or DEFAULT_MODEL, **engine_kwargs)
         if self.config.parallel.data_parallel_size > 1:
             raise ValueError("data_parallel_size > 1 needs aioinfer.DataParallelEngine (or aioinfer.create_engine), "
@@ -80,6 +83,8 @@ class Engine:
         self.stream_buffer_size = stream_buffer_size
         self.stream_interval = stream_interval
         self.stall_timeout = stall_timeout
+        self.host_cpu = host_cpu
+        self._loop_thread_cpus: Optional[set[int]] = None  # the loop thread's CPUs before host_cpu pinned it
         self.observers = list(observers)
         self._fault_inject_step = fault_inject_step
 
@@ -125,6 +130,7 @@ class Engine:
             on_loaded=on_loaded,
             on_dead=report_dead,
             fault_inject_step=self._fault_inject_step,
+            host_cpu=self.host_cpu,
         )
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
@@ -140,6 +146,8 @@ class Engine:
                                           loaded_model.max_model_len, loaded_model.eos_token_ids,
                                           seed=self.config.model.seed)
             self._outputs = OutputProcessor(loaded_model.tokenizer)
+            if self.host_cpu is not None and self._loop_thread_cpus is None:
+                self._loop_thread_cpus = pin_this_thread(self.host_cpu)  # the GPU thread pinned itself
             self._accepting = True
             self._task_group.start_soon(self._watchdog, name="aioinfer-slow-consumer-watchdog")
             warm_up_started = time.perf_counter()
@@ -149,6 +157,7 @@ class Engine:
             await self._shutdown()
             await self._task_group.__aexit__(None, None, None)
             self._bridge.close()
+            self._unpin_loop_thread()
             raise
         return self
 
@@ -158,6 +167,13 @@ class Engine:
             return await self._task_group.__aexit__(*exc_info)
         finally:
             self._bridge.close()  # the GPU thread has ended: nothing more to hand over
+            self._unpin_loop_thread()
+
+    def _unpin_loop_thread(self) -> None:
+        """The event loop's thread is the caller's: it gets its CPUs back when the engine ends."""
+        if self._loop_thread_cpus is not None:
+            unpin_this_thread(self._loop_thread_cpus)
+            self._loop_thread_cpus = None
 
     def _make_core(self):
         from aioinfer.engine.engine_core import EngineCore

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
+from aioinfer.async_engine.host_cpu import pin_this_thread
 from aioinfer.async_engine.stats import StepStats
 from aioinfer.core.scheduler_output import EngineCoreOutput
 from aioinfer.engine.engine_core import EngineCore
@@ -56,8 +57,10 @@ class StepResult:
 class StepLoop:
     def __init__(self, make_core: Callable[[], EngineCore], deliver: Callable[[StepResult], None],
                  on_loaded: Callable[[Optional[EngineCore], Optional[BaseException]], None],
-                 on_dead: Callable[[BaseException], None], fault_inject_step: Optional[int] = None) -> None:
+                 on_dead: Callable[[BaseException], None], fault_inject_step: Optional[int] = None,
+                 host_cpu: Optional[int] = None) -> None:
         self._make_core = make_core
+        self._host_cpu = host_cpu  # pin this thread there once the model has loaded (host_cpu.py)
         self._deliver = deliver
         self._on_loaded = on_loaded
         self._on_dead = on_dead
@@ -79,6 +82,9 @@ class StepLoop:
         except BaseException as exc:  # noqa: BLE001 - reported to the event loop, which raises it
             self._on_loaded(None, exc)
             return
+        if self._host_cpu is not None:
+            # After the load: threads the CUDA driver (or torch) started meanwhile keep every CPU.
+            pin_this_thread(self._host_cpu)
         self._on_loaded(core, None)
         try:
             self._loop(core)

@@ -33,6 +33,7 @@ _SERVER_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-body-bytes": ("max_body_bytes", int, "larger request bodies get 413"),
     "--shutdown-grace": ("shutdown_grace", float, "seconds in-flight requests may finish after SIGTERM"),
     "--max-n": ("max_n", int, "largest n accepted"),
+    "--listen-backlog": ("listen_backlog", int, "connections queued for accept (0: hypercorn's 100; default 2048)"),
 }
 _ENGINE_HELP = {
     "max_model_len": "context length (default: the model's)",
@@ -44,6 +45,7 @@ _ENGINE_HELP = {
     "max_waiting_prompt_tokens": "admission bound: queued prompt tokens before 429",
     "stall_timeout": "seconds a stalled streaming client is kept before its request is aborted",
     "stream_interval": "tokens per streamed chunk (1: every token at once; more: fewer chunks under load)",
+    "host_cpu": "run the event loop's thread and the GPU thread on this one CPU (Linux; default: where the OS puts them)",
     "data_parallel_size": "whole-model replicas, one GPU (and GPU thread) each, behind one router",
     "tensor_parallel_size": "ranks splitting each layer (one worker process per extra rank)",
     "preemption_mode": "recompute | swap (to pinned host memory)",
@@ -234,6 +236,8 @@ async def serve(config: ServerConfig, host: str, port: int) -> None:
     # end well); hypercorn's own timeout, after it, is only the backstop for a response that hangs.
     hconfig.graceful_timeout = config.shutdown_grace + FLUSH_SECONDS + 1
     hconfig.accesslog = None  # the app writes its own structured request log
+    if config.listen_backlog:
+        hconfig.backlog = config.listen_backlog  # (listen_backlog.py: the app raises it too)
     hconfig.errorlog = logging.getLogger("hypercorn.error")
 
     stop = asyncio.Event()

@@ -9,6 +9,8 @@ parameter. At world size 1, S = V and both are a plain lookup / GEMM.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -57,9 +59,10 @@ class LMHead(_VocabShard):
     def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup = SINGLE) -> None:
         super().__init__(vocab_size, hidden_size, tp)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         # [N, H] -> [N, V] float32; the GEMM runs in the model dtype like HF, the sampler wants float32.
+        # ``out``: a float32 [N, V] buffer to write them into (a CUDA graph's static output).
         logits = F.linear(hidden, self.weight)  # [N, S]
         if self.tp.is_parallel:
             logits = self.tp.all_gather_last_dim(logits)[:, :self.vocab_size]  # [N, tp * S] -> [N, V]
-        return logits.float()
+        return logits.float() if out is None else out.copy_(logits)

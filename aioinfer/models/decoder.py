@@ -181,9 +181,9 @@ class DecoderForCausalLM(nn.Module):
         """input_ids, positions: [T] int64 over all scheduled tokens -> final-normed hidden [T, H]."""
         return self.model(input_ids, positions)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, H] -> float32 logits [N, vocab]."""
-        return self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """hidden [N, H] -> float32 logits [N, vocab] (into ``out`` when given)."""
+        return self.lm_head(hidden, out)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy HF-named tensors into (fused) parameters, casting to each parameter's dtype/device.

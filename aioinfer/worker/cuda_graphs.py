@@ -8,7 +8,10 @@ any step of a few dozen tokens on a large model: the tail of a prompt after a pr
 kernels. Graphs are captured largest first, all in one shared memory pool, over static input buffers.
 
 - Decode: a step with n sequences replays the smallest bucket >= n with the padding rows pointed
-  at the null block (slot -1: no KV write; one token of context in block 0).
+  at the null block (slot -1: no KV write; one token of context in block 0). The LM head is in the
+  graph too (every decode row samples), writing float32 logits into one buffer that all decode
+  graphs share: eagerly it was three launches and a fresh [n, vocab] allocation (77 + 155 MB at
+  256 rows of Qwen2.5) every step, with ``n`` changing as requests finish.
 - Prefill / mixed ("token" graphs): a step of T tokens in S sequences replays the smallest token
   bucket T_b >= T. The graph's prefill-attention launch is sized for T_b tokens in S_b = min(T_b,
   max_num_seqs) + 1 sequences; at replay, sequence S takes the T_b - T padding tokens (context:
@@ -83,8 +86,12 @@ class CudaGraphRunner:
     def __init__(self, model: torch.nn.Module, max_batch_size: int, max_blocks_per_seq: int, max_model_len: int,
                  device: torch.device, decode_splits: Callable[[int], Optional[int]],
                  max_prefill_tokens: int = 0, max_num_seqs: int = 1,
-                 prefill_splits: Optional[Callable[[int], Optional[int]]] = None) -> None:
+                 prefill_splits: Optional[Callable[[int], Optional[int]]] = None,
+                 vocab_size: Optional[int] = None) -> None:
         self.model = model
+        # Decode graphs compute the logits too when the vocabulary size is given (the model's
+        # ``compute_logits(hidden, out)``); a tensor-parallel LM head (an all-gather) stays eager.
+        self.vocab_size = vocab_size
         self.device = device
         self.decode_splits = decode_splits  # batch-size bucket -> split-K count (shared with eager steps)
         self.prefill_splits = prefill_splits or (lambda _tokens: None)  # token bucket -> context splits
@@ -95,6 +102,8 @@ class CudaGraphRunner:
         max_tokens = max(self.buckets[-1], self.token_buckets[-1] if self.token_buckets else 0)
         max_seqs = max(self.buckets[-1], max((self.token_seqs(t) for t in self.token_buckets), default=0))
         self.inputs = GraphInputs.allocate(max_tokens, max_seqs, max_blocks_per_seq, device)
+        self.logits = (torch.empty(self.buckets[-1], vocab_size, dtype=torch.float32, device=device)
+                       if vocab_size else None)  # decode graphs' logits: rows [:bucket] after a replay
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._token_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.num_replays = {"decode": 0, "tokens": 0}  # steps served by each kind of graph (tests, logs)
@@ -158,20 +167,30 @@ class CudaGraphRunner:
             self._token_graphs[num_tokens] = self._capture(pool, self.token_metadata(num_tokens), num_tokens)
         buf.seq_lens.fill_(1)
         for batch_size in reversed(self.buckets):
-            self._graphs[batch_size] = self._capture(pool, self.metadata(batch_size), batch_size)
+            logits = None if self.logits is None else self.logits[:batch_size]
+            self._graphs[batch_size] = self._capture(pool, self.metadata(batch_size), batch_size, logits)
         torch.cuda.synchronize()
         logger.info("CUDA graphs: captured %d for decode batch sizes %s and %d for prefill / mixed steps of up to %s "
                     "tokens in %.2f s", len(self._graphs), self.buckets, len(self._token_graphs), self.token_buckets,
                     time.perf_counter() - started)
 
-    def _capture(self, pool, metadata: AttentionMetadata, num_tokens: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, pool, metadata: AttentionMetadata, num_tokens: int,
+                 logits: Optional[torch.Tensor] = None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Capture one graph; with ``logits`` (a float32 [num_tokens, vocab] buffer) the LM head too."""
         buf = self.inputs
+
+        def forward() -> torch.Tensor:
+            hidden = self.model(buf.input_ids[:num_tokens], buf.positions[:num_tokens])
+            if logits is not None:
+                self.model.compute_logits(hidden, logits)
+            return hidden
+
         with forward_context(metadata):  # warm-up outside the graph (Triton compiles, cuBLAS plans)
-            self.model(buf.input_ids[:num_tokens], buf.positions[:num_tokens])
+            forward()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool, stream=self._capture_stream), forward_context(metadata):
-            hidden = self.model(buf.input_ids[:num_tokens], buf.positions[:num_tokens])
+            hidden = forward()
         return graph, hidden
 
     def bucket_for(self, num_seqs: int) -> Optional[int]:
@@ -191,11 +210,15 @@ class CudaGraphRunner:
             return True
         return self.token_bucket_for(inputs.attention.num_tokens) in self._token_graphs
 
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Replay the step's graph on its inputs; returns hidden states [num_tokens, hidden]."""
+    def run(self, inputs: StepInputs) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Replay the step's graph on its inputs; returns hidden states [num_tokens, hidden] and, from
+        a decode graph that computes them, float32 logits [num_tokens, vocab] (valid until the next
+        decode replay), else None."""
         if inputs.is_decode_only and self.bucket_for(inputs.attention.num_seqs) in self._graphs:
-            return self._run_decode(inputs)
-        return self._run_tokens(inputs)
+            hidden = self._run_decode(inputs)
+            n = inputs.attention.num_seqs
+            return hidden, None if self.logits is None else self.logits[:n]
+        return self._run_tokens(inputs), None
 
     def _run_decode(self, inputs: StepInputs) -> torch.Tensor:
         n = inputs.attention.num_seqs

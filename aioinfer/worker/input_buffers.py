@@ -1,20 +1,23 @@
 """Persistent step-input buffers: host staging filled with NumPy, two async copies per step.
 
 Every per-step integer array is packed into one of two staging buffers (int64 and int32) at
-offsets decided per step, so the host issues two host-to-device copies, not seven. On CUDA the
-staging is pinned and double-buffered: step N+1 fills the other half while step N's copies may
-still be in flight, and an event guards each half before it is refilled. On CPU the "device"
-buffers are the staging buffers themselves (no copy at all).
+offsets decided per step, so the host issues two host-to-device copies, not seven; the index of
+the step's placeholder inputs (tokens the previous launch sampled, not yet on the host) travels in
+the same copy. On CUDA the staging is pinned and double-buffered: step N+1 fills the other half
+while step N's copies may still be in flight, and an event guards each half before it is refilled.
+On CPU the "device" buffers are the staging buffers themselves (no copy at all).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
 
 from aioinfer.attention.metadata import AttentionMetadata
+from aioinfer.core.scheduler import PLACEHOLDER_TOKEN
 from aioinfer.core.scheduler_output import ScheduledRequest
 
 _ALIGN = 16  # elements: every packed array starts 64/128-byte aligned
@@ -32,6 +35,11 @@ class StepInputs:
     logits_indices: torch.Tensor  # [num_sampled] int64: the last token of each sampling request
     sampled_request_ids: list[str]  # aligned with logits_indices
     is_decode_only: bool  # every scheduled request computes exactly one token
+    # Placeholder inputs, filled on the device from the previous launch's sampled ids: either the
+    # first ``placeholder_prefix`` tokens take rows 0.. of them in order (a decode batch that kept
+    # its order: one copy), or ``placeholder_index`` [2, P] lists (token position, sampled row).
+    placeholder_prefix: int = 0
+    placeholder_index: Optional[torch.Tensor] = None
 
 
 class _Staging:
@@ -101,8 +109,9 @@ class InputBuffers:
         self.block_size = block_size
         self.device = device
         self.max_blocks_per_seq = max_blocks_per_seq
-        # int64: input_ids, positions, slot_mapping [tokens each], logits_indices [seqs]
-        size64 = 3 * _aligned(max_num_tokens) + _aligned(max_num_seqs)
+        # int64: input_ids, positions, slot_mapping [tokens each], logits_indices [seqs],
+        # placeholder positions and rows [tokens each]
+        size64 = 5 * _aligned(max_num_tokens) + _aligned(max_num_seqs)
         # int32: query_start_loc [seqs + 1], seq_lens [seqs], block_tables [seqs * blocks]
         size32 = _aligned(max_num_seqs + 1) + _aligned(max_num_seqs) + max_num_seqs * max_blocks_per_seq
         self._block_rows = _BlockTableRows(max_num_seqs, max_blocks_per_seq)
@@ -119,7 +128,9 @@ class InputBuffers:
         """Requests that finished: their block-table rows are free again."""
         self._block_rows.forget(request_ids)
 
-    def prepare(self, scheduled: list[ScheduledRequest]) -> StepInputs:
+    def prepare(self, scheduled: list[ScheduledRequest], sampled_rows: Optional[dict[str, int]] = None) -> StepInputs:
+        """``sampled_rows``: request id -> its row among the previous launch's sampled ids, for the
+        requests whose input is a placeholder (async scheduling)."""
         staging = self._staging[self._next]
         self._next = (self._next + 1) % len(self._staging)
         if staging.copied is not None:
@@ -154,22 +165,34 @@ class InputBuffers:
         table_rows = self._block_rows.rows_for(scheduled)
         np.take(self._block_rows.table[:, :max_blocks], table_rows, axis=0, out=tables)
         if decode_only:  # one token per sequence
-            a64["input_ids"][:] = [item.token_ids[0] for item in scheduled]
+            tokens = [item.token_ids[0] for item in scheduled]
             positions = np.asarray(starts, dtype=np.int64)
             rows = np.arange(num_seqs)
         else:
-            a64["input_ids"][:] = [tok for item in scheduled for tok in item.token_ids]
+            tokens = [tok for item in scheduled for tok in item.token_ids]
             counts_np = np.asarray(counts)
             rows = np.repeat(np.arange(num_seqs), counts_np)
             offsets = np.arange(num_tokens) - np.repeat(np.asarray(query_start_loc[:-1]), counts_np)
             positions = np.repeat(np.asarray(starts, dtype=np.int64), counts_np) + offsets
+        a64["input_ids"][:] = tokens
+        placeholder_at, placeholder_rows = _placeholders(tokens, scheduled, rows, decode_only, sampled_rows)
         a64["positions"][:] = positions
         a64["slot_mapping"][:] = tables[rows, positions // bs].astype(np.int64) * bs + positions % bs
         a32["query_start_loc"][:] = query_start_loc
         a32["seq_lens"][:] = seq_lens
         a64["logits_indices"][:] = logits_rows
-
         used64 = 3 * t + len(logits_rows)
+        prefix = 0
+        index_at = None
+        if placeholder_at:
+            num = len(placeholder_at)
+            if placeholder_at[-1] == num - 1 and placeholder_rows == placeholder_at:
+                prefix = num  # tokens 0..num-1 take sampled rows 0..num-1: the steady decode batch
+            else:
+                index_at = 3 * t + _aligned(len(logits_rows))
+                staging.np64[index_at:index_at + num] = placeholder_at
+                staging.np64[index_at + num:index_at + 2 * num] = placeholder_rows
+                used64 = index_at + 2 * num
         used32 = layout32["block_tables"][0] + num_seqs * max_blocks
         if self._on_cuda:  # two contiguous pinned -> device copies, truly asynchronous
             self._device64[:used64].copy_(staging.int64[:used64], non_blocking=True)
@@ -193,6 +216,18 @@ class InputBuffers:
             query_start_loc_cpu=query_start_loc,
             seq_lens_cpu=seq_lens,
         )
+        index = None if index_at is None else dev64[index_at:used64].view(2, len(placeholder_at))
         return StepInputs(input_ids=out["input_ids"], positions=out["positions"], attention=attention,
                           logits_indices=out["logits_indices"], sampled_request_ids=sampled_ids,
-                          is_decode_only=decode_only)
+                          is_decode_only=decode_only, placeholder_prefix=prefix, placeholder_index=index)
+
+
+def _placeholders(tokens: list[int], scheduled: list[ScheduledRequest], token_rows, decode_only: bool,
+                  sampled_rows: Optional[dict[str, int]]) -> tuple[list[int], list[int]]:
+    """(token positions, rows among the previous launch's sampled ids) of the step's placeholder inputs."""
+    if not sampled_rows or PLACEHOLDER_TOKEN not in tokens:  # a C-level scan; usually the answer
+        return [], []
+    at = [i for i, token in enumerate(tokens) if token == PLACEHOLDER_TOKEN]
+    if decode_only:
+        return at, [sampled_rows[scheduled[i].request_id] for i in at]
+    return at, [sampled_rows[scheduled[int(token_rows[i])].request_id] for i in at]

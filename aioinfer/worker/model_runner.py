@@ -14,11 +14,10 @@ import torch
 
 from aioinfer.attention.context import forward_context
 from aioinfer.config import EngineConfig
-from aioinfer.core.scheduler import PLACEHOLDER_TOKEN
 from aioinfer.core.scheduler_output import RunnerOutput, SchedulerOutput, TokenLogprobs
 from aioinfer.core.kv_cache_manager import cdiv
 from aioinfer.worker.cuda_graphs import CudaGraphRunner, graph_buckets, token_buckets
-from aioinfer.worker.input_buffers import InputBuffers
+from aioinfer.worker.input_buffers import InputBuffers, StepInputs
 from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches, choose_num_blocks
 from aioinfer.worker.sampler import Sampler, SamplerOutput
 from aioinfer.worker.sampling_metadata import SamplingMetadata, SamplingRow
@@ -77,7 +76,8 @@ class ModelRunner:
                                           decode_splits=self._decode_splits,
                                           max_prefill_tokens=self._token_buckets[-1] if self._token_buckets else 0,
                                           max_num_seqs=config.scheduler.max_num_seqs,
-                                          prefill_splits=self._prefill_splits)
+                                          prefill_splits=self._prefill_splits,
+                                          vocab_size=None if _lm_head_is_parallel(model) else self.vocab_size)
             try:
                 self.graphs.capture()
             except Exception as exc:  # noqa: BLE001 - e.g. a collective the NCCL build cannot capture
@@ -131,8 +131,8 @@ class ModelRunner:
         if scheduler_output.is_empty:
             return _Launched(None, None, [], [])
 
-        inputs = self.inputs.prepare(scheduler_output.scheduled)
-        self._fill_placeholders(scheduler_output, inputs)
+        inputs = self.inputs.prepare(scheduler_output.scheduled, self._last_sampled[1])
+        self._fill_placeholders(inputs)
         if inputs.is_decode_only:
             bucket = next((b for b in self._decode_buckets if b >= inputs.attention.num_seqs), None)
             if bucket is not None:
@@ -141,14 +141,18 @@ class ModelRunner:
             bucket = next((b for b in self._token_buckets if b >= inputs.attention.num_tokens), None)
             if bucket is not None:
                 inputs.attention.prefill_num_splits = self._prefill_splits(bucket)
+        logits = None  # [num_tokens, vocab] when a decode graph computed them
         if self.graphs is not None and self.graphs.can_run(inputs):
-            hidden = self.graphs.run(inputs)
+            hidden, logits = self.graphs.run(inputs)
         else:
             with forward_context(inputs.attention):
                 hidden = self.model(inputs.input_ids, inputs.positions)
         if not inputs.sampled_request_ids:
             return _Launched(None, None, [], [])
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        if logits is None:
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        elif len(inputs.sampled_request_ids) != inputs.attention.num_tokens:  # a 1-token prompt chunk is not sampled
+            logits = logits[inputs.logits_indices]
 
         # build reads the rows now and keeps nothing of them, so the live states serve as this step's rows.
         states = [self._states[request_id] for request_id in inputs.sampled_request_ids]
@@ -193,30 +197,22 @@ class ModelRunner:
         """KV swap copies timed since the last call (``SwapTiming`` records; empty without a host pool)."""
         return self.swapper.take_timings() if self.swapper is not None else []
 
-    def _fill_placeholders(self, scheduler_output: SchedulerOutput, inputs) -> None:
-        """Decode rows whose input is the token the previous launch sampled: copy it on the device."""
-        positions, rows = [], []
-        offset = 0
-        last_rows = self._last_sampled[1]
-        for item in scheduler_output.scheduled:
-            token_ids = item.token_ids
-            if len(token_ids) == 1:  # a decode row: the common case, without the scans below
-                if token_ids[0] == PLACEHOLDER_TOKEN:
-                    positions.append(offset)
-                    rows.append(last_rows[item.request_id])
-                offset += 1
-                continue
-            if PLACEHOLDER_TOKEN in token_ids:  # a C-level scan; the Python loop only where one is
-                row = last_rows[item.request_id]
-                for i, token in enumerate(token_ids):
-                    if token == PLACEHOLDER_TOKEN:
-                        positions.append(offset + i)
-                        rows.append(row)
-            offset += len(token_ids)
-        if positions:
-            index = torch.tensor([positions, rows], dtype=torch.int64, pin_memory=self.device.type == "cuda")
-            index = index.to(self.device, non_blocking=True)
-            inputs.input_ids[index[0]] = self._last_sampled[0][index[1]]
+    def _fill_placeholders(self, inputs: StepInputs) -> None:
+        """Inputs that are the token the previous launch sampled: copied on the device (the index came
+        with the step's other inputs, in the same host-to-device copy)."""
+        sampled = self._last_sampled[0]
+        if inputs.placeholder_prefix:
+            n = inputs.placeholder_prefix
+            inputs.input_ids[:n].copy_(sampled[:n])
+        elif inputs.placeholder_index is not None:
+            index = inputs.placeholder_index
+            inputs.input_ids[index[0]] = sampled[index[1]]
+
+
+def _lm_head_is_parallel(model: torch.nn.Module) -> bool:
+    """Whether the LM head gathers over tensor-parallel ranks (then it stays outside CUDA graphs)."""
+    lm_head = getattr(model, "lm_head", None)
+    return lm_head is None or getattr(getattr(lm_head, "tp", None), "is_parallel", False)
 
 
 @dataclass(slots=True)

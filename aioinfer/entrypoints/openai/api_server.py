@@ -20,6 +20,7 @@ import aioinfer
 from aioinfer.entrypoints.openai.body_limit import BODY_ERROR, TOO_LARGE, BodyLimit
 from aioinfer.entrypoints.openai.content_type import require_json
 from aioinfer.entrypoints.openai.errors import APIError, request_timeout, request_too_large, unauthorized
+from aioinfer.entrypoints.openai.listen_backlog import raise_backlog_once_listening
 from aioinfer.entrypoints.openai.server_state import ServerState
 from aioinfer.entrypoints.openai.shutdown import EndOpenResponses
 from aioinfer.entrypoints.openai.serving_chat import create_chat_completion
@@ -55,6 +56,8 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
 
     @app.before_serving
     async def _start() -> None:
+        if config.listen_backlog:
+            raise_backlog_once_listening(config.listen_backlog)
         await state.start()
 
     @app.after_serving

@@ -53,3 +53,17 @@ async def test_both_threads_run_on_the_named_cpu_and_the_loop_thread_gets_its_cp
 def test_a_cpu_this_process_may_not_use_is_refused(model_dir, bad):
     with pytest.raises(ValueError, match="host_cpu"):
         Engine(model_dir, host_cpu=bad, **OPTIONS)
+
+
+@pytest.mark.anyio
+async def test_data_parallel_replicas_share_the_cpu_and_the_loop_thread_is_restored_once_all_left(model_dir):
+    from aioinfer import DataParallelEngine
+
+    before = os.sched_getaffinity(0)
+    cpu = min(before)
+    async with DataParallelEngine(model_dir, data_parallel_size=2, host_cpu=cpu, **OPTIONS) as engine:
+        assert os.sched_getaffinity(0) == {cpu}
+        assert [_thread_cpus(r._loop.thread.native_id) for r in engine.replicas] == [{cpu}, {cpu}]
+        tokens = (await collect(engine.generate(PROMPTS[0], GREEDY)))[0]
+        assert len(tokens) == GREEDY.max_tokens
+    assert os.sched_getaffinity(0) == before  # whichever replica left last restored it

@@ -27,7 +27,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-from aioinfer.async_engine.host_cpu import check_host_cpu, pin_this_thread, unpin_this_thread
+from aioinfer.async_engine.host_cpu import check_host_cpu, pin_loop_thread, unpin_loop_thread
 from aioinfer.async_engine.admission import AdmissionQueue
 from aioinfer.async_engine.loop_bridge import LoopBridge
 from aioinfer.async_engine.request_channel import RequestChannel, event_factory, iterate_deltas
@@ -84,7 +84,7 @@ class Engine:
         self.stream_interval = stream_interval
         self.stall_timeout = stall_timeout
         self.host_cpu = host_cpu
-        self._loop_thread_cpus: Optional[set[int]] = None  # the loop thread's CPUs before host_cpu pinned it
+        self._pinned_loop_thread = False  # host_cpu: this engine pinned the event loop's thread
         self.observers = list(observers)
         self._fault_inject_step = fault_inject_step
 
@@ -146,8 +146,9 @@ class Engine:
                                           loaded_model.max_model_len, loaded_model.eos_token_ids,
                                           seed=self.config.model.seed)
             self._outputs = OutputProcessor(loaded_model.tokenizer)
-            if self.host_cpu is not None and self._loop_thread_cpus is None:
-                self._loop_thread_cpus = pin_this_thread(self.host_cpu)  # the GPU thread pinned itself
+            if self.host_cpu is not None and not self._pinned_loop_thread:
+                pin_loop_thread(self.host_cpu)  # the GPU thread pinned itself once the model had loaded
+                self._pinned_loop_thread = True
             self._accepting = True
             self._task_group.start_soon(self._watchdog, name="aioinfer-slow-consumer-watchdog")
             warm_up_started = time.perf_counter()
@@ -171,9 +172,9 @@ class Engine:
 
     def _unpin_loop_thread(self) -> None:
         """The event loop's thread is the caller's: it gets its CPUs back when the engine ends."""
-        if self._loop_thread_cpus is not None:
-            unpin_this_thread(self._loop_thread_cpus)
-            self._loop_thread_cpus = None
+        if self._pinned_loop_thread:
+            unpin_loop_thread()
+            self._pinned_loop_thread = False
 
     def _make_core(self):
         from aioinfer.engine.engine_core import EngineCore

@@ -237,7 +237,7 @@ async def serve(config: ServerConfig, host: str, port: int) -> None:
     hconfig.graceful_timeout = config.shutdown_grace + FLUSH_SECONDS + 1
     hconfig.accesslog = None  # the app writes its own structured request log
     if config.listen_backlog:
-        hconfig.backlog = config.listen_backlog  # (listen_backlog.py: the app raises it too)
+        hconfig.backlog = config.listen_backlog  # under plain hypercorn the app raises it (listen_backlog.py)
     hconfig.errorlog = logging.getLogger("hypercorn.error")
 
     stop = asyncio.Event()

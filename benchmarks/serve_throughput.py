@@ -351,9 +351,20 @@ def _wait_ready(url: str, server, model: str, vllm: bool, timeout: float) -> Non
     raise TimeoutError("the server was not ready in time")
 
 
+def listen_overflows() -> Optional[int]:
+    """The kernel's count of handshakes dropped because a listen queue was full (Linux, machine-wide):
+    each such client retries after a second (entrypoints/openai/listen_backlog.py)."""
+    try:
+        lines = [line.split() for line in Path("/proc/net/netstat").read_text().splitlines() if line.startswith("TcpExt:")]
+        return int(dict(zip(lines[0], lines[1]))["ListenOverflows"])
+    except (OSError, IndexError, KeyError, ValueError):
+        return None
+
+
 def _clients(url: str, model: str, requests, processes: int) -> dict[str, Any]:
     """Split the requests round-robin over ``processes`` client processes, send all at once, merge."""
     processes = max(1, min(processes, len(requests)))
+    overflows_before = listen_overflows()
     with tempfile.TemporaryDirectory() as tmp:
         start_at = time.time() + 3.0  # every process imported and connected by then
         procs = []
@@ -367,6 +378,7 @@ def _clients(url: str, model: str, requests, processes: int) -> dict[str, Any]:
             if proc.wait() != 0:
                 raise RuntimeError(f"a client process exited with {proc.returncode}")
         outs = [json.loads((Path(tmp) / f"out{i}.json").read_text()) for i in range(processes)]
+    overflows_after = listen_overflows()
     records = [r for o in outs for r in o["records"]]
     bad = [r for r in records if r["status"] != "ok"]
     if bad:
@@ -377,7 +389,10 @@ def _clients(url: str, model: str, requests, processes: int) -> dict[str, Any]:
     seconds = last - first
     return {"output_tokens": got, "seconds": seconds, "tok_per_s": got / seconds,
             "client_cpu_s": [round(o["cpu_s"], 2) for o in outs],
-            "client_busiest_cpu_share": max(o["cpu_s"] for o in outs) / seconds, **latencies(records)}
+            "client_busiest_cpu_share": max(o["cpu_s"] for o in outs) / seconds,
+            "listen_overflows": (None if overflows_before is None or overflows_after is None
+                                 else overflows_after - overflows_before),
+            **latencies(records)}
 
 
 def latencies(records: list[dict]) -> dict[str, Any]:
@@ -421,6 +436,8 @@ def report(args, env: dict, shape, requests, results: dict[str, Any]) -> None:
                      "; ".join(note for note in (
                          f"busiest client {r['client_busiest_cpu_share']:.0%} of a core"
                          if "client_busiest_cpu_share" in r else "",
+                         f"{r['listen_overflows']} handshakes dropped (full listen queue)"
+                         if r.get("listen_overflows") else "",
                          f"{r['tok_per_s'] / vllm_server:.2f}x vLLM's server"
                          if vllm_server and mode == "server" else "") if note)])
     payload = {"benchmark": "serve_throughput (workload 1: offline LLM, async Engine, HTTP server)",

@@ -23,7 +23,8 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _run(url: str, model: str, requests: list, start_at: float, timeout: float) -> tuple[list[dict], float]:
+async def _run(url: str, model: str, requests: list, start_at: float, timeout: float,
+               cache_salt: str = None) -> tuple[list[dict], float]:
     import anyio
     import httpx
 
@@ -38,6 +39,8 @@ async def _run(url: str, model: str, requests: list, start_at: float, timeout: f
         async def one(index: int, prompt: list[int], max_tokens: int) -> None:
             body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                     "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            if cache_salt:
+                body["cache_salt"] = cache_salt  # a repeated run computes its prompts again (vLLM has the field too)
             record = RequestRecord(index=index)
             sent = time.time()
             await run_request(client, body, record, ClientConfig(), clock=time.time,
@@ -58,6 +61,7 @@ def main() -> None:
     p.add_argument("--requests", required=True, help="JSON file: [[prompt ids, max_tokens], ...]")
     p.add_argument("--start-at", type=float, required=True, help="time.time() at which to send everything")
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--cache-salt", default=None, help="prefix-cache salt for every request of the run")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -70,7 +74,7 @@ def main() -> None:
     except ImportError:
         options = {}
     requests = json.loads(Path(args.requests).read_text())
-    records, cpu = anyio.run(_run, args.url, args.model, requests, args.start_at, args.timeout, backend="asyncio",
+    records, cpu = anyio.run(_run, args.url, args.model, requests, args.start_at, args.timeout, args.cache_salt, backend="asyncio",
                              backend_options=options)
     Path(args.out).write_text(json.dumps({"records": records, "cpu_s": cpu}))  # CPU from the start on
 

@@ -20,11 +20,17 @@ preparation, launches, output bookkeeping), ``main_thread`` (the event loop: det
 streams, SSE, HTTP; in the offline path, everything), ``other_threads`` (torch's CPU pool,
 hypercorn's helpers, CUDA's). The sum of the first two near the wall time means the interpreter
 lock is the limit.
+
+Every timed run has its own prefix-cache salt (offline, ``Engine`` and server alike): a repeat
+computes its prompts again instead of reading them from the cache. ``--output-len 1`` keeps the
+prompts and asks one token of each: the burst of arrivals alone, its time to first token and the
+loop's CPU per request.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -53,6 +59,8 @@ def main() -> None:
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--max-input-len", type=int, default=1024)
     p.add_argument("--max-output-len", type=int, default=1024)
+    p.add_argument("--output-len", type=int, default=None,
+                   help="every request's max_tokens (same prompts); 1: the burst of arrivals alone, time to first token")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--clients", type=int, default=8, help="client processes for the server")
@@ -80,6 +88,8 @@ def main() -> None:
     device = default_device(args.device)
     shape = SHAPES[args.model]
     requests = workload1_for(shape, args.num_requests, args.max_input_len, args.max_output_len)
+    if args.output_len is not None:
+        requests = [dataclasses.replace(r, max_tokens=args.output_len) for r in requests]
     if args.child_mode is not None:
         write_child_result(args.child_out, _child(args, device, requests))
         return
@@ -104,7 +114,8 @@ def main() -> None:
 
 def _passthrough(args) -> list[str]:
     out = ["--num-requests", str(args.num_requests), "--max-input-len", str(args.max_input_len),
-           "--max-output-len", str(args.max_output_len), "--max-num-seqs", str(args.max_num_seqs),
+           "--max-output-len", str(args.max_output_len), *(["--output-len", str(args.output_len)] if args.output_len else []),
+           "--max-num-seqs", str(args.max_num_seqs),
            "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--repeats", str(args.repeats)]
     if args.tokenizer:
         out += ["--tokenizer", args.tokenizer]
@@ -189,7 +200,8 @@ def _offline(args, options: dict[str, Any], requests) -> dict[str, Any]:
     for _ in range(args.repeats):
         before = thread_cpu()
         start = time.perf_counter()
-        outs = llm.generate([r.prompt for r in requests], params, use_tqdm=False)
+        # A fresh salt per run: a repeat computes its prompts again instead of reading them from the cache.
+        outs = llm.generate([r.prompt for r in requests], params, use_tqdm=False, cache_salt=fresh_cache_salt())
         seconds = time.perf_counter() - start
         got = sum(len(o.outputs[0].token_ids) for o in outs)
         runs.append({"output_tokens": got, "seconds": seconds, "tok_per_s": got / seconds,
@@ -248,6 +260,8 @@ def _record(sent: float, times: list[float], tokens: int) -> dict:
 def _best(runs: list[dict]) -> dict:
     best = dict(max(runs, key=lambda r: r["tok_per_s"]))
     best["runs_tok_per_s"] = [round(r["tok_per_s"]) for r in runs]
+    if all("ttft_ms" in r for r in runs):
+        best["runs_ttft_p99_ms"] = [r["ttft_ms"]["p99"] and round(r["ttft_ms"]["p99"]) for r in runs]
     return best
 
 
@@ -297,7 +311,7 @@ def run_server(args, device: str, folder: Path, requests, vllm: bool = False) ->
             before = {pid: thread_cpu(pid) for pid in serving}
             cpu_before = {pid: process_cpu(pid) for pid in serving}
             spy = _start_py_spy(args, serving[0], f"{args.model}-{'vllm' if vllm else 'aioinfer'}")
-            result = _clients(url, model_name, requests, args.clients)
+            result = _clients(url, model_name, requests, args.clients, _client_cpus(args, vllm))
             if spy is not None:
                 spy.wait(timeout=120)
             if not vllm:
@@ -361,19 +375,66 @@ def listen_overflows() -> Optional[int]:
         return None
 
 
-def _clients(url: str, model: str, requests, processes: int) -> dict[str, Any]:
-    """Split the requests round-robin over ``processes`` client processes, send all at once, merge."""
+def _client_cpus(args, vllm: bool) -> Optional[set[int]]:
+    """Where the client processes may run: off the CPU the server's threads are pinned to
+    (``AIOINFER_HOST_CPU``) and off that CPU's hyperthread siblings. The clients stand for remote
+    users: left to the OS, one of them sometimes lands on the pinned CPU (or its sibling) and takes
+    turns with the server's event loop there, which no deployment that reserves the CPU would see.
+    None (anywhere) when nothing is pinned."""
+    host_cpu = None if vllm else _engine_env(args).get("AIOINFER_HOST_CPU")
+    if not host_cpu or not hasattr(os, "sched_getaffinity"):
+        return None
+    reserved = {int(host_cpu)}
+    try:
+        reserved |= _cpu_list(Path(f"/sys/devices/system/cpu/cpu{int(host_cpu)}/topology/thread_siblings_list").read_text())
+    except (OSError, ValueError):
+        pass
+    rest = os.sched_getaffinity(0) - reserved
+    return rest or None
+
+
+def _cpu_list(text: str) -> set[int]:
+    """A kernel CPU list ("0-3,8") as a set."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def _cpu_text(cpus: Optional[set[int]]) -> str:
+    """A set of CPUs as the kernel writes it ("0-2,4-15"); "any" for None."""
+    if not cpus:
+        return "any"
+    ordered, runs = sorted(cpus), []
+    start = prev = ordered[0]
+    for cpu in ordered[1:] + [None]:
+        if cpu is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if cpu is not None:
+            start = prev = cpu
+    return ",".join(runs)
+
+
+def _clients(url: str, model: str, requests, processes: int, cpus: Optional[set[int]] = None) -> dict[str, Any]:
+    """Split the requests round-robin over ``processes`` client processes, send all at once, merge.
+    ``cpus``: the CPUs the client processes may run on (None: anywhere)."""
     processes = max(1, min(processes, len(requests)))
     overflows_before = listen_overflows()
     with tempfile.TemporaryDirectory() as tmp:
         start_at = time.time() + 3.0  # every process imported and connected by then
+        salt = fresh_cache_salt()  # one per run: repeats and the warm-up never hit each other's prefixes
         procs = []
         for i in range(processes):
             share = [[r.prompt, r.max_tokens] for r in requests[i::processes]]
             (Path(tmp) / f"in{i}.json").write_text(json.dumps(share))
             procs.append(subprocess.Popen([sys.executable, "-m", "benchmarks.serve_clients", "--url", url, "--model",
                                            model, "--requests", str(Path(tmp) / f"in{i}.json"), "--start-at",
-                                           str(start_at), "--out", str(Path(tmp) / f"out{i}.json")]))
+                                           str(start_at), "--cache-salt", salt, "--out", str(Path(tmp) / f"out{i}.json")]))
+            if cpus:
+                os.sched_setaffinity(procs[-1].pid, cpus)  # before it has imported anything or connected
         for proc in procs:
             if proc.wait() != 0:
                 raise RuntimeError(f"a client process exited with {proc.returncode}")
@@ -390,6 +451,7 @@ def _clients(url: str, model: str, requests, processes: int) -> dict[str, Any]:
     return {"output_tokens": got, "seconds": seconds, "tok_per_s": got / seconds,
             "client_cpu_s": [round(o["cpu_s"], 2) for o in outs],
             "client_busiest_cpu_share": max(o["cpu_s"] for o in outs) / seconds,
+            "client_cpus": _cpu_text(cpus),
             "listen_overflows": (None if overflows_before is None or overflows_after is None
                                  else overflows_after - overflows_before),
             **latencies(records)}

@@ -9,6 +9,7 @@ from typing import Any, Optional
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 PREEMPTION_MODES = ("recompute", "swap")
+SPECULATIVE_METHODS = ("ngram",)
 # The devices an engine runs on. Checked here, not when the model loads: a server loads in the
 # background after it listens, and "gpu" should fail at once, not after the port is open.
 _DEVICE_RE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
@@ -85,6 +86,61 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """vLLM's ``speculative_config``: n-gram (prompt lookup) drafts of up to ``num_speculative_tokens``
+    tokens, verified in the ordinary step (spec_decode/). Neither lookup bound given: both 5; one
+    given: the other equals it (vLLM's rule)."""
+
+    num_speculative_tokens: int
+    method: str = "ngram"
+    prompt_lookup_min: Optional[int] = None  # shortest suffix n-gram looked up
+    prompt_lookup_max: Optional[int] = None  # longest (tried first)
+    # Speculate only while at most this many requests run (vLLM's key); None: the engine's default
+    # (spec_decode/policy.py), chosen so that a throughput-bound batch runs as if speculation were off.
+    disable_by_batch_size: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check(self.method in SPECULATIVE_METHODS, "speculative_config.method", self.method,
+               f"must be one of {SPECULATIVE_METHODS} (the only draft method aioinfer has)")
+        _check(_positive_int(self.num_speculative_tokens), "speculative_config.num_speculative_tokens",
+               self.num_speculative_tokens, "must be a positive integer")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo is None and hi is None:
+            lo = hi = 5
+        lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)
+        _check(_positive_int(lo), "speculative_config.prompt_lookup_min", lo, "must be a positive integer")
+        _check(_positive_int(hi) and hi >= lo, "speculative_config.prompt_lookup_max", hi,
+               f"must be an integer >= prompt_lookup_min ({lo})")
+        object.__setattr__(self, "prompt_lookup_min", lo)
+        object.__setattr__(self, "prompt_lookup_max", hi)
+        _check(self.disable_by_batch_size is None or _positive_int(self.disable_by_batch_size),
+               "speculative_config.disable_by_batch_size", self.disable_by_batch_size,
+               "must be a positive integer or None")
+
+    @classmethod
+    def from_value(cls, value: Any) -> Optional["SpeculativeConfig"]:
+        """None, a SpeculativeConfig, a dict of vLLM's keys, or that dict as JSON text (the CLI's form)."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            import json
+
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"speculative_config must be a JSON object, got {value!r}: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a dict (or its JSON), got {value!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config has unknown keys {unknown}; known: {sorted(known)}")
+        if "num_speculative_tokens" not in value:
+            raise ValueError("speculative_config needs num_speculative_tokens")
+        return cls(**value)
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -103,6 +159,7 @@ class EngineConfig:
     # dozen tokens through every layer: eager, its launches take longer than its kernels.
     max_cuda_graph_prefill_tokens: int = 256
     async_scheduling: Optional[bool] = None  # schedule step N+1 before step N's ids are back (None: on CUDA)
+    speculative: Optional[SpeculativeConfig] = None  # ``speculative_config``: n-gram drafts (None: off)
 
     def __post_init__(self) -> None:
         _check(is_valid_device(self.device), "device", self.device, "must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
@@ -116,6 +173,8 @@ class EngineConfig:
         _check(isinstance(self.max_cuda_graph_prefill_tokens, int) and not isinstance(
             self.max_cuda_graph_prefill_tokens, bool) and self.max_cuda_graph_prefill_tokens >= 0,
             "max_cuda_graph_prefill_tokens", self.max_cuda_graph_prefill_tokens, "must be an integer >= 0")
+        _check(self.speculative is None or isinstance(self.speculative, SpeculativeConfig), "speculative",
+               self.speculative, "must be a SpeculativeConfig or None")
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineConfig":
@@ -127,6 +186,8 @@ class EngineConfig:
         top = {k: kwargs.pop(k) for k in list(kwargs)
                if k in ("device", "cpu_threads", "attention_backend", "enforce_eager", "max_cuda_graph_batch_size",
                         "max_cuda_graph_prefill_tokens", "async_scheduling")}
+        if "speculative_config" in kwargs:
+            top["speculative"] = SpeculativeConfig.from_value(kwargs.pop("speculative_config"))
         if kwargs:
             raise TypeError(f"unknown engine options: {sorted(kwargs)}")
         return cls(

@@ -66,6 +66,15 @@ class PrometheusMetrics:
                                             "cache (at first admission).", labels, registry=r)
         self.prefix_cache_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.",
                                          labels, registry=r)
+        self.spec_drafts = Counter("vllm:spec_decode_num_drafts", "Speculative decoding: verification rounds "
+                                   "(a request's drafts checked in one step).", labels, registry=r)
+        self.spec_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Speculative decoding: draft "
+                                         "tokens verified.", labels, registry=r)
+        self.spec_accepted_tokens = Counter("vllm:spec_decode_num_accepted_tokens", "Speculative decoding: "
+                                            "draft tokens accepted.", labels, registry=r)
+        self.spec_accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Speculative "
+                                             "decoding: drafts accepted at each position of a round (0 first).",
+                                             labels + ["position"], registry=r)
         self.success = Counter("vllm:request_success", "Requests that ended, by finish reason.",
                                labels + ["finished_reason"], registry=r)
         self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
@@ -134,6 +143,13 @@ class PrometheusMetrics:
                 e.iteration_tokens.observe(stats.num_prefilled_prompt_tokens + stats.num_generation_tokens)
                 e.step_requests.observe(stats.num_batched_requests)
                 e.step_time.observe(stats.step_time)
+            if stats.num_spec_drafts:
+                e.spec_drafts.inc(stats.num_spec_drafts)
+                e.spec_draft_tokens.inc(stats.num_spec_draft_tokens)
+                e.spec_accepted_tokens.inc(stats.num_spec_accepted_tokens)
+                for position, count in enumerate(stats.spec_accepted_per_position):
+                    if count:
+                        self.spec_accepted_per_pos.labels(self.model_name, e.label, str(position)).inc(count)
             for swap in stats.swaps:
                 self.swap_bytes.labels(self.model_name, e.label, swap.direction).observe(swap.num_bytes)
                 self.swap_seconds.labels(self.model_name, e.label, swap.direction).observe(swap.seconds)
@@ -199,7 +215,7 @@ class _EngineSeries:
     _BOUND = ("running", "waiting", "kv_usage", "prompt_tokens", "generation_tokens", "preemptions",
               "prefix_cache_queries", "prefix_cache_hits", "ttft", "itl",
               "e2e", "queue_time", "request_prompt_tokens", "request_generation_tokens", "iteration_tokens",
-              "step_requests", "step_time", "failed")
+              "step_requests", "step_time", "failed", "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
 
     def __init__(self, metrics: PrometheusMetrics, label: str) -> None:
         self.label = label

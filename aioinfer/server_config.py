@@ -16,6 +16,19 @@ from typing import Any, Mapping, Optional
 
 ENV_PREFIX = "AIOINFER_"
 
+
+def speculative_config_json(raw: str) -> dict:
+    """``AIOINFER_SPECULATIVE_CONFIG`` / ``--speculative-config``: vLLM's JSON object
+    (``{"method": "ngram", "num_speculative_tokens": 4, ...}``), checked here so that a bad one fails
+    before anything loads; ValueError names the key."""
+    import json
+
+    from aioinfer.config import SpeculativeConfig
+
+    SpeculativeConfig.from_value(raw)
+    return json.loads(raw)
+
+
 # Engine options (passed to Engine(**engine_kwargs)) and their types. None of them is set unless
 # asked for, so the engine's own defaults stay the single source of truth.
 ENGINE_OPTIONS: dict[str, type] = {
@@ -40,6 +53,7 @@ ENGINE_OPTIONS: dict[str, type] = {
     "enable_prefix_caching": bool,
     "preemption_mode": str,
     "swap_space_gib": float,
+    "speculative_config": speculative_config_json,
     # async-engine options
     "max_waiting_requests": int,
     "max_waiting_prompt_tokens": int,
@@ -160,6 +174,13 @@ def _parse(name: str, raw: str, typ: type) -> Any:
             return int(raw)
         if typ is float:
             return float(raw)
+        if typ is not str:  # a parser of its own (speculative_config_json): its message says what is wrong
+            try:
+                return typ(raw)
+            except ValueError as exc:
+                raise ValueError(f"{env_name(name)}: {exc}") from None
         return raw
-    except ValueError:
+    except ValueError as exc:
+        if str(exc).startswith(env_name(name)):
+            raise
         raise ValueError(f"{env_name(name)} must be {typ.__name__}, got {raw!r}") from None

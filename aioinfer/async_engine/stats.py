@@ -45,6 +45,12 @@ class StepStats:
     # Prompt lengths of the requests that sampled their first token in this step (vLLM's prompt
     # tokens of an iteration: a prompt counts once, when its prefill is complete, whatever its chunks).
     num_prefilled_prompt_tokens: int = 0
+    # Speculative decoding in this step: requests whose drafts were verified, their draft tokens, the
+    # accepted ones, and per draft position how many were accepted (vLLM's spec_decode counters).
+    num_spec_drafts: int = 0
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,22 @@ class KVCacheManager:
         self._num_reserved -= own - self.outstanding_blocks(request_id)
         return new_blocks
 
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Free the blocks past the first ``num_tokens`` tokens (rejected drafts' room), tail first.
+
+        They were allocated beyond the request's reservation and never registered in the prefix cache
+        (only known tokens are), so they simply go back to the free list."""
+        table = self._tables.get(request_id)
+        keep = cdiv(num_tokens, self.block_size)
+        if not table or len(table) <= keep:
+            return
+        outstanding = self.outstanding_blocks(request_id)
+        # A new list, not a shortened one: the runner mirrors each table by the list's identity and
+        # length, and a table that only ever grows in place is what that mirror relies on.
+        self._tables[request_id] = table[:keep]
+        self.pool.free(table[keep:][::-1])
+        self._num_reserved += self.outstanding_blocks(request_id) - outstanding
+
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's full blocks among its first ``num_tokens`` tokens (computed, or being
         computed by a launched step, and known on the host) in the prefix cache."""

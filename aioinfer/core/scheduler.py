@@ -29,7 +29,7 @@ import logging
 from collections import Counter
 from collections.abc import Iterable
 
-from aioinfer.config import SchedulerConfig
+from aioinfer.config import SchedulerConfig, SpeculativeConfig
 from aioinfer.core.host_block_pool import HostBlockPool
 from aioinfer.core.kv_cache_manager import KVCacheManager, cdiv
 from aioinfer.core.request_queue import (
@@ -49,6 +49,7 @@ from aioinfer.core.scheduler_output import (
     SwapOut,
 )
 from aioinfer.request import Request, RequestStatus
+from aioinfer.spec_decode.policy import DraftPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,8 @@ class RequestTooLongError(ValueError):
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
-                 num_host_blocks: int = 0, priority_aging_steps: int = PRIORITY_AGING_STEPS) -> None:
+                 num_host_blocks: int = 0, priority_aging_steps: int = PRIORITY_AGING_STEPS,
+                 speculative: SpeculativeConfig | None = None) -> None:
         if priority_aging_steps < 1:
             raise ValueError(f"priority_aging_steps must be >= 1, got {priority_aging_steps}")
         self.config = config
@@ -76,6 +78,8 @@ class Scheduler:
             logger.warning("preemption_mode='swap' without host blocks (swap_space_gib or the runner's "
                            "support): every preemption recomputes")
         self.requests: dict[str, Request] = {}
+        # Speculative decoding: who drafts, and the totals (None: off).
+        self.draft_policy = DraftPolicy(speculative) if speculative is not None else None
         self.waiting = RequestQueue()  # new, preempted and swapped requests, in scheduling order
         self.running: list[Request] = []  # in scheduling order: the last is the first victim
         self._known_to_runner: set[str] = set()
@@ -119,6 +123,8 @@ class Scheduler:
         request.length_limit = min(request.max_tokens, self.max_model_len - len(request.prompt_token_ids))
         request.stop_candidates = frozenset(
             (() if params.ignore_eos else request.eos_token_ids) + tuple(params.stop_token_ids or ()))
+        if self.draft_policy is not None:
+            request.spec_eligible = self.draft_policy.eligible(request)
         self.requests[request.request_id] = request
         self.waiting.push(request)
 
@@ -164,6 +170,11 @@ class Scheduler:
         max_model_len = self.max_model_len
         block_ids, block_size = self.kv_cache.block_ids, self.kv_cache.block_size
         cache_blocks, known_to_runner = self.kv_cache.cache_blocks, self._known_to_runner
+        # Drafts only in a batch small enough for them to pay (spec_decode/policy.py).
+        policy = self.draft_policy
+        if policy is not None and not policy.active(len(running)):
+            policy = None
+        num_drafted = 0
         index = 0
         while index < len(running) and budget > 0:
             request = running[index]
@@ -184,6 +195,19 @@ class Scheduler:
                     break  # the request itself was the last in order: it went back to waiting
                 table = block_ids(request.request_id)
             if num_new == 1 and start == num_tokens + pending - 1 and request.request_id in known_to_runner:
+                if policy is not None and request.spec_eligible:
+                    # A wait counts every decode grant, the ones with a token in flight too: under async
+                    # scheduling most are, and the engine only stops scheduling ahead once a wait is over.
+                    if request.draft_wait:
+                        request.draft_wait -= 1
+                    elif not pending:
+                        granted = self._grant_drafts(request, policy, start, num_tokens, budget)
+                        if granted is not None:
+                            scheduled.append(granted)
+                            num_drafted += granted.num_draft_tokens
+                            budget -= 1 + granted.num_draft_tokens
+                            index += 1
+                            continue
                 # A decode step (one token, the last known or the one in flight): ``_grant`` inline.
                 request.num_computed_tokens = start + 1
                 request.num_pending_tokens = pending + 1
@@ -226,7 +250,26 @@ class Scheduler:
             swap_in=swap_in,
             num_prefix_cache_queries=queries,
             num_prefix_cache_hits=hits,
+            num_draft_tokens=num_drafted,
         )
+
+    def _grant_drafts(self, request: Request, policy: DraftPolicy, start: int, num_tokens: int,
+                      budget: int) -> ScheduledRequest | None:
+        """A decode grant with draft tokens after the last known one (its slot already allocated), or
+        None when there are no drafts or no free blocks for them: drafts never preempt anyone."""
+        drafts = policy.drafts_for(request, budget)
+        if not drafts:
+            return None
+        num_new = 1 + len(drafts)
+        if self.kv_cache.allocate_slots(request.request_id, start, num_new) is None:
+            return None
+        request.num_computed_tokens = start + num_new  # rolled back by the rejected drafts in update
+        request.num_pending_tokens = 1
+        request.num_draft_tokens = len(drafts)
+        # Only known (committed) tokens enter the prefix cache: never a block holding drafts.
+        self.kv_cache.cache_blocks(request, num_tokens)
+        return ScheduledRequest(request.request_id, request.token_ids_slice(start, num_tokens) + drafts, start,
+                                self.kv_cache.block_ids(request.request_id), True, len(drafts))
 
     def _admit(self, request: Request, swap_in: list[SwapIn]) -> tuple[int, int] | None:
         """Move the head of the waiting queue into the running set, its blocks reserved (swapped: its
@@ -410,6 +453,10 @@ class Scheduler:
             if request is None or request.status >= _FIRST_FINISHED:
                 continue  # aborted (or finished by an earlier token) while the step ran
             request.num_pending_tokens -= 1
+            if request.num_draft_tokens:
+                accepted = runner_output.accepted_token_ids
+                outputs.append(self._update_verified(request, [token_id, *(accepted.get(row, ()) if accepted else ())]))
+                continue
             output_ids = request.output_token_ids
             output_ids.append(token_id)
             num_output = len(output_ids)
@@ -432,6 +479,32 @@ class Scheduler:
                 request.num_cached_tokens or 0))
         self.last_prefilled_prompt_tokens = prefilled_prompt_tokens
         return outputs
+
+    def _update_verified(self, request: Request, token_ids: list[int]) -> EngineCoreOutput:
+        """A request whose drafts were verified this step: ``token_ids`` is the first sampled token and
+        the tokens accepted after it. Rolls the computed tokens back by the rejected drafts (their KV
+        slots are simply overwritten later; whole blocks past the last computed token are freed),
+        then appends the tokens up to the first that ends the request."""
+        num_drafts, request.num_draft_tokens = request.num_draft_tokens, 0
+        num_accepted = len(token_ids) - 1
+        if request.status == RequestStatus.RUNNING:  # (a preempted request's computed tokens restart anyway)
+            request.num_computed_tokens -= num_drafts - num_accepted
+            self.kv_cache.trim(request.request_id, request.num_computed_tokens)
+        self.draft_policy.verified(request, num_drafts, num_accepted)
+        new_tokens: list[int] = []
+        finish_reason = None
+        for token_id in token_ids:
+            request.output_token_ids.append(token_id)
+            new_tokens.append(token_id)
+            if len(request.output_token_ids) >= request.length_limit or token_id in request.stop_candidates:
+                status = self._stop_status(request, token_id)
+                if status is not None:  # the tokens after a stop are dropped
+                    (self.running if request.status == RequestStatus.RUNNING else self.waiting).remove(request)
+                    self._finish(request, status)
+                    finish_reason = request.finish_reason
+                    break
+        return EngineCoreOutput(request.request_id, new_tokens, [], finish_reason, request.stop_reason,
+                                len(request.prompt_token_ids), request.num_preemptions, request.num_cached_tokens or 0)
 
     def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params

@@ -27,6 +27,7 @@ class ScheduledRequest:
     start_position: int  # position of token_ids[0] (= computed tokens before this step)
     block_ids: list[int]  # the request's whole block table after this step's allocation
     samples: bool  # the grant reaches the end of the known tokens: sample the next one
+    num_draft_tokens: int = 0  # the last this many of token_ids are drafts to verify (speculative decoding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,7 @@ class SchedulerOutput:
     swap_in: list[SwapIn] = field(default_factory=list)  # executed after swap_out, before the forward
     num_prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache by this step's admissions
     num_prefix_cache_hits: int = 0  # of those, tokens found cached
+    num_draft_tokens: int = 0  # draft tokens granted in this step (speculative decoding): no step goes ahead of it
 
     @property
     def is_empty(self) -> bool:
@@ -90,6 +92,15 @@ class RunnerOutput:
     sampled_request_ids: list[str]
     sampled_token_ids: list[int]
     logprobs: list[Optional[TokenLogprobs]] = field(default_factory=list)  # empty when none asked
+    # Speculative decoding: row -> the tokens accepted after ``sampled_token_ids[row]`` (verified drafts,
+    # then the token the model sampled after the last accepted one); None when the step had no drafts.
+    accepted_token_ids: Optional[dict[int, list[int]]] = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens this step generated in all (several per row where drafts were accepted)."""
+        extra = self.accepted_token_ids
+        return len(self.sampled_token_ids) + (sum(map(len, extra.values())) if extra else 0)
 
 
 @dataclass(slots=True)

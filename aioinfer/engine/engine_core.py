@@ -42,7 +42,7 @@ class EngineCore:
         num_host_blocks = (getattr(self.runner, "num_host_blocks", 0)
                            if config.scheduler.preemption_mode == "swap" else 0)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.loaded.max_model_len,
-                                   num_host_blocks=num_host_blocks)
+                                   num_host_blocks=num_host_blocks, speculative=config.speculative)
         self.num_steps = 0
         # Async scheduling: launch step N+1 before waiting for step N's sampled ids, so that the host
         # work between steps overlaps the device work. The default on CUDA (H200: 0.5b batch-1 decode
@@ -93,7 +93,7 @@ class EngineCore:
         else:
             scheduler_output, launched = self._in_flight
             self._in_flight = None
-        if self.async_scheduling and not scheduler_output.is_empty and self._can_schedule_ahead():
+        if self.async_scheduling and not scheduler_output.is_empty and self._can_schedule_ahead(scheduler_output):
             ahead = self.scheduler.schedule()
             # Swaps alone must reach the runner too: the scheduler has already freed a swapped-out
             # request's device blocks.
@@ -111,7 +111,12 @@ class EngineCore:
         self._in_flight = None
         return self.scheduler.update(scheduler_output, self.runner.collect(launched))
 
-    def _can_schedule_ahead(self) -> bool:
+    def _can_schedule_ahead(self, launched: SchedulerOutput) -> bool:
+        # Drafts: the next step needs to know how many were accepted, and a request can only draft
+        # once its last token is known, so speculation that wants to run keeps the steps in lockstep.
+        policy = self.scheduler.draft_policy
+        if policy is not None and (launched.num_draft_tokens or policy.wants_known_tokens(self.scheduler.running)):
+            return False
         # Penalties read the content of every generated token, which is still on the device. The
         # scheduler's running set is exactly its requests with status RUNNING (check_invariants).
         if not self._with_penalties:

@@ -24,7 +24,7 @@ import sys
 from typing import Any, NoReturn, Optional
 
 from aioinfer.config import DTYPES, LOAD_FORMATS, PREEMPTION_MODES, is_valid_device
-from aioinfer.server_config import ENGINE_OPTIONS, LOG_FORMAT, ServerConfig
+from aioinfer.server_config import ENGINE_OPTIONS, LOG_FORMAT, ServerConfig, speculative_config_json
 
 # flag -> (ServerConfig field or engine option, type, help)
 _SERVER_FLAGS: dict[str, tuple[str, Any, str]] = {
@@ -55,6 +55,7 @@ _ENGINE_HELP = {
     "enforce_eager": "no CUDA graphs (default: --no-enforce-eager, graphs on CUDA)",
     "async_scheduling": "schedule step N+1 before step N's results are back (default: on CUDA, off on CPU)",
     "enable_prefix_caching": "reuse KV blocks of equal prompt prefixes (default: on)",
+    "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'",
 }
 # Values argparse checks up front (status 2), from the engine config's own lists.
 _ENGINE_CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "preemption_mode": PREEMPTION_MODES}
@@ -93,6 +94,13 @@ def _device(value: str) -> str:
     return value
 
 
+def _speculative_config(value: str) -> dict:
+    try:
+        return speculative_config_json(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _port(value: str) -> int:
     try:
         port = int(value)
@@ -101,6 +109,10 @@ def _port(value: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"invalid port {value!r}: expected an integer from 0 to 65535")
     return port
+
+
+# Options whose values argparse checks with a parser of its own (a clear message, status 2).
+_ARGUMENT_TYPES = {"device": _device, "speculative_config": _speculative_config}
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -122,7 +134,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         if typ is bool:
             parser.add_argument(flag, dest=option, action=_Switch, default=None, help=_ENGINE_HELP.get(option))
         else:
-            parser.add_argument(flag, dest=option, type=_device if option == "device" else typ, default=None,
+            parser.add_argument(flag, dest=option, type=_ARGUMENT_TYPES.get(option, typ), default=None,
                                 choices=_ENGINE_CHOICES.get(option), help=_ENGINE_HELP.get(option))
     parser.add_argument("--disable-log-requests", action="store_true", help="no per-request JSON log lines")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

@@ -40,6 +40,9 @@ class StepInputs:
     # its order: one copy), or ``placeholder_index`` [2, P] lists (token position, sampled row).
     placeholder_prefix: int = 0
     placeholder_index: Optional[torch.Tensor] = None
+    # Speculative decoding: per sampling request (aligned with sampled_request_ids) its drafts, [] for
+    # none; logits_indices then holds len(drafts) + 1 rows per request. None: no drafts this step.
+    draft_token_ids: Optional[list[list[int]]] = None
 
 
 class _Staging:
@@ -57,7 +60,8 @@ class _BlockTableRows:
     writing only what changed: a step then gathers its rows in one indexing operation.
 
     A request's table is the KV manager's own list, which only ever grows while the request holds
-    its blocks (a preempted or swapped request gets a new list): the list's identity and length tell
+    its blocks (a preempted or swapped request, or one whose rejected drafts' blocks were trimmed,
+    gets a new list): the list's identity and length tell
     whether a row is current, so a decode step writes a request's row once every ``block_size``
     tokens instead of flattening every table (~32k ints at 256 sequences x 2k tokens) every step.
     """
@@ -109,9 +113,9 @@ class InputBuffers:
         self.block_size = block_size
         self.device = device
         self.max_blocks_per_seq = max_blocks_per_seq
-        # int64: input_ids, positions, slot_mapping [tokens each], logits_indices [seqs],
-        # placeholder positions and rows [tokens each]
-        size64 = 5 * _aligned(max_num_tokens) + _aligned(max_num_seqs)
+        # int64: input_ids, positions, slot_mapping [tokens each], logits_indices [at most one per
+        # token, with drafts], placeholder positions and rows [tokens each]
+        size64 = 6 * _aligned(max_num_tokens) + _aligned(max_num_seqs)
         # int32: query_start_loc [seqs + 1], seq_lens [seqs], block_tables [seqs * blocks]
         size32 = _aligned(max_num_seqs + 1) + _aligned(max_num_seqs) + max_num_seqs * max_blocks_per_seq
         self._block_rows = _BlockTableRows(max_num_seqs, max_blocks_per_seq)
@@ -128,9 +132,11 @@ class InputBuffers:
         """Requests that finished: their block-table rows are free again."""
         self._block_rows.forget(request_ids)
 
-    def prepare(self, scheduled: list[ScheduledRequest], sampled_rows: Optional[dict[str, int]] = None) -> StepInputs:
+    def prepare(self, scheduled: list[ScheduledRequest], sampled_rows: Optional[dict[str, int]] = None,
+                num_draft_tokens: int = 0) -> StepInputs:
         """``sampled_rows``: request id -> its row among the previous launch's sampled ids, for the
-        requests whose input is a placeholder (async scheduling)."""
+        requests whose input is a placeholder (async scheduling). ``num_draft_tokens``: the step's
+        draft tokens in all (speculative decoding; 0: none, the usual one row per sampling request)."""
         staging = self._staging[self._next]
         self._next = (self._next + 1) % len(self._staging)
         if staging.copied is not None:
@@ -147,8 +153,19 @@ class InputBuffers:
             query_start_loc.append(query_start_loc[-1] + c)
         num_tokens = query_start_loc[-1]
         max_blocks = max(len(item.block_ids) for item in scheduled)
-        logits_rows = [query_start_loc[i + 1] - 1 for i, item in enumerate(scheduled) if item.samples]
         sampled_ids = [item.request_id for item in scheduled if item.samples]
+        drafts = None
+        if num_draft_tokens:
+            # Speculative decoding: a request with d drafts is sampled at its last d + 1 positions
+            # (after the last known token, and after each draft), rows in position order.
+            logits_rows, drafts = [], []
+            for i, item in enumerate(scheduled):
+                if item.samples:
+                    end, d = query_start_loc[i + 1], item.num_draft_tokens
+                    logits_rows.extend(range(end - 1 - d, end))
+                    drafts.append(item.token_ids[len(item.token_ids) - d:] if d else [])
+        else:
+            logits_rows = [query_start_loc[i + 1] - 1 for i, item in enumerate(scheduled) if item.samples]
         decode_only = num_tokens == num_seqs
 
         # This step's packing: (buffer, offset, length) per array.
@@ -219,7 +236,8 @@ class InputBuffers:
         index = None if index_at is None else dev64[index_at:used64].view(2, len(placeholder_at))
         return StepInputs(input_ids=out["input_ids"], positions=out["positions"], attention=attention,
                           logits_indices=out["logits_indices"], sampled_request_ids=sampled_ids,
-                          is_decode_only=decode_only, placeholder_prefix=prefix, placeholder_index=index)
+                          is_decode_only=decode_only, placeholder_prefix=prefix, placeholder_index=index,
+                          draft_token_ids=drafts)
 
 
 def _placeholders(tokens: list[int], scheduled: list[ScheduledRequest], token_rows, decode_only: bool,

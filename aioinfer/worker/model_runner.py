@@ -131,7 +131,8 @@ class ModelRunner:
         if scheduler_output.is_empty:
             return _Launched(None, None, [], [])
 
-        inputs = self.inputs.prepare(scheduler_output.scheduled, self._last_sampled[1])
+        inputs = self.inputs.prepare(scheduler_output.scheduled, self._last_sampled[1],
+                                     scheduler_output.num_draft_tokens)
         self._fill_placeholders(inputs)
         if inputs.is_decode_only:
             bucket = next((b for b in self._decode_buckets if b >= inputs.attention.num_seqs), None)
@@ -156,14 +157,26 @@ class ModelRunner:
 
         # build reads the rows now and keeps nothing of them, so the live states serve as this step's rows.
         states = [self._states[request_id] for request_id in inputs.sampled_request_ids]
-        metadata = SamplingMetadata.build(states, logits.shape[1], self.device)
+        drafts = inputs.draft_token_ids
+        if drafts is None:
+            metadata = SamplingMetadata.build(states, logits.shape[1], self.device)
+        else:
+            # A request's d + 1 rows sample as its own row would at each of those output positions,
+            # seeded noise included: drafting requests have no penalties or logprobs, and min_tokens
+            # is behind them (spec_decode/policy.py).
+            rows = [s for s, d in zip(states, drafts) for _ in range(len(d) + 1)]
+            offsets = [j for d in drafts for j in range(len(d) + 1)]
+            metadata = SamplingMetadata.build(rows, logits.shape[1], self.device, row_offsets=offsets)
         result = self.sampler(logits, metadata)
         for state in states:
             state.num_pending_tokens += 1
-        self._last_sampled = (result.sampled_token_ids,
-                              {rid: row for row, rid in enumerate(inputs.sampled_request_ids)})
+        # No step is launched ahead of one with drafts (the engine waits for its accepted tokens), so
+        # its sampled rows are never anyone's placeholder input.
+        self._last_sampled = ((result.sampled_token_ids,
+                               {rid: row for row, rid in enumerate(inputs.sampled_request_ids)})
+                              if drafts is None else (None, {}))
         host, ready = _copy_to_host(result)
-        return _Launched(host, ready, inputs.sampled_request_ids, states)
+        return _Launched(host, ready, inputs.sampled_request_ids, states, drafts)
 
     def collect(self, launched: "_Launched") -> RunnerOutput:
         """Wait for a launched step's sampled ids: the step's one device-to-host sync."""
@@ -174,6 +187,8 @@ class ModelRunner:
             # the step launched after it, which is exactly the overlap async scheduling is for.
             launched.ready.synchronize()
         token_ids: list[int] = launched.result.sampled_token_ids.tolist()
+        if launched.drafts is not None:
+            return _verify(launched, token_ids)
         for state, token_id in zip(launched.states, token_ids):
             state.output_token_ids.append(token_id)
             state.num_pending_tokens -= 1
@@ -223,6 +238,37 @@ class _Launched:
     ready: Optional[torch.cuda.Event]  # recorded after the copies; None on CPU (already done)
     request_ids: list[str]
     states: list[SamplingRow]
+    drafts: Optional[list[list[int]]] = None  # per request its verified drafts ([] for none); None: no drafts
+
+
+def _verify(launched: _Launched, rows: list[int]) -> RunnerOutput:
+    """Verification: a request with drafts d_1..d_k sampled g_1..g_{k+1} (g_j after the known tokens
+    and d_1..d_{j-1}: the argmax for greedy rows, else the draw of the seeded noise of g_j's own
+    output position); d_j is accepted while it equals g_j, and the tokens are g_1..g_{a+1} for a
+    accepted drafts: exactly the tokens k + 1 steps without drafts would have produced, since each
+    g_j depends only on the tokens before it and its position's noise. For a sampled request this is
+    the optimal lossless test for a deterministic drafter: d_j is accepted with probability p(d_j)."""
+    first: list[int] = []
+    accepted: dict[int, list[int]] = {}
+    logprob_rows = _logprob_rows(launched.result, [s for s, d in zip(launched.states, launched.drafts)
+                                                   for _ in range(len(d) + 1)])
+    logprobs: list[Optional[TokenLogprobs]] = []
+    at = 0
+    for row, (state, drafts) in enumerate(zip(launched.states, launched.drafts)):
+        sampled = rows[at:at + len(drafts) + 1]
+        if logprob_rows:
+            logprobs.append(logprob_rows[at])  # a request with logprobs never drafts: its one row
+        at += len(drafts) + 1
+        num_accepted = 0
+        while num_accepted < len(drafts) and drafts[num_accepted] == sampled[num_accepted]:
+            num_accepted += 1
+        first.append(sampled[0])
+        if num_accepted:
+            accepted[row] = sampled[1:num_accepted + 1]
+        state.output_token_ids.extend(sampled[:num_accepted + 1])
+        state.num_pending_tokens -= 1
+    return RunnerOutput(sampled_request_ids=launched.request_ids, sampled_token_ids=first, logprobs=logprobs,
+                        accepted_token_ids=accepted)
 
 
 def _copy_to_host(result: SamplerOutput) -> tuple[SamplerOutput, Optional[torch.cuda.Event]]:

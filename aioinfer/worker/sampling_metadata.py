@@ -58,9 +58,13 @@ class SamplingMetadata:
     max_num_logprobs: Optional[int]  # K = max requested logprobs; None when no row asked
 
     @classmethod
-    def build(cls, rows: Sequence[SamplingRow], vocab_size: int,
-              device: torch.device | str) -> "SamplingMetadata":
-        """Collect the rows' knobs into tensors on ``device`` (host work, once per step)."""
+    def build(cls, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device | str,
+              row_offsets: Optional[Sequence[int]] = None) -> "SamplingMetadata":
+        """Collect the rows' knobs into tensors on ``device`` (host work, once per step).
+
+        ``row_offsets`` (speculative decoding): per row, how many tokens after the request's next one
+        it samples (a request with d drafts has rows 0..d), so that each row draws the noise of its
+        own output position, as the step that would sample that token without drafts does."""
         device = torch.device(device)
         n, vocab = len(rows), vocab_size
         params = [row.params for row in rows]
@@ -113,7 +117,8 @@ class SamplingMetadata:
             top_k=top_k,
             top_p=top_p,
             min_p=min_p,
-            noise_keys=None if all_greedy else host_to_device(_noise_keys(rows, greedy), torch.int64, device),
+            noise_keys=None if all_greedy else host_to_device(_noise_keys(rows, greedy, row_offsets), torch.int64,
+                                                              device),
             bias_index=host_to_device(bias_rows, torch.int64, device) if bias_rows else None,
             bias_value=host_to_device(bias_values, torch.float32, device) if bias_rows else None,
             min_tokens_index=host_to_device(masked, torch.int64, device) if masked else None,
@@ -122,10 +127,13 @@ class SamplingMetadata:
         )
 
 
-def _noise_keys(rows: Sequence[SamplingRow], greedy: list[bool]) -> np.ndarray:
+def _noise_keys(rows: Sequence[SamplingRow], greedy: list[bool],
+                row_offsets: Optional[Sequence[int]] = None) -> np.ndarray:
     """Each row's noise key for this step; 0 on greedy rows (their draw is discarded)."""
-    keys = noise_keys([row.seed for row in rows],
-                      [len(row.output_token_ids) + row.num_pending_tokens for row in rows])  # num_generated
+    steps = [len(row.output_token_ids) + row.num_pending_tokens for row in rows]  # num_generated
+    if row_offsets is not None:
+        steps = [step + offset for step, offset in zip(steps, row_offsets)]
+    keys = noise_keys([row.seed for row in rows], steps)
     if any(greedy):
         keys[np.asarray(greedy, dtype=bool)] = 0
     return keys

@@ -1,0 +1,116 @@
+"""Who drafts, how many tokens, and when speculation stands aside.
+
+A request drafts when each of its verification rows can sample exactly as the step without drafts
+would: no penalties (they read the tokens before each row), no logprobs (not reported for drafted
+rows yet), ``min_tokens`` already reached (its mask depends on the row's position). Greedy and
+sampled requests alike: a row samples with the seeded noise of its own output position, so a
+sampled request's tokens are those it would draw without drafts (worker/model_runner.py
+``_verify``). Others decode as before in the same batch: the per-request fallback.
+
+Never slower (issue 16): a step carrying drafts is scheduled with every token known, so the engine
+does not schedule the next step ahead of it (async scheduling's overlap is lost for that step), and
+its verification rows cost compute. So speculation stands aside
+- above ``disable_by_batch_size`` running requests (default ``DEFAULT_MAX_RUNNING``): a throughput-
+  bound batch gains nothing from drafts and runs exactly as if speculation were off, async
+  scheduling included;
+- for a request whose last attempt found no n-gram match or had every draft rejected: it waits 1,
+  2, 4, ... up to ``MAX_BACKOFF_STEPS`` decode grants before it tries again (reset by an accepted
+  draft; the scheduler counts the wait down, with async scheduling too, and the engine goes back to
+  lockstep once a wait is over), so a request whose text does not repeat itself soon costs an
+  occasional lookup and an occasional step without overlap.
+"""
+
+from __future__ import annotations
+
+from aioinfer.config import SpeculativeConfig
+from aioinfer.spec_decode.ngram import NgramIndex
+
+DEFAULT_MAX_RUNNING = 32
+MAX_BACKOFF_STEPS = 16
+
+
+class DraftPolicy:
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+        self.k = config.num_speculative_tokens
+        self.max_running = config.disable_by_batch_size or DEFAULT_MAX_RUNNING
+        # Totals for metrics (vLLM's spec_decode counters) and tests.
+        self.num_drafts = 0  # verification rounds: steps in which a request carried drafts
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_position = [0] * self.k  # drafts accepted at position 0, 1, ... of a round
+        self._step = _StepCounts(self.k)  # the same, since the last ``take_step_counts``
+
+    @staticmethod
+    def eligible(request) -> bool:
+        """Whether a request may draft at all (decided once, at admission)."""
+        p = request.sampling_params
+        return (p.logprobs is None and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
+                and p.presence_penalty == 0.0)
+
+    def active(self, num_running: int) -> bool:
+        return num_running <= self.max_running
+
+    def wants_known_tokens(self, running) -> bool:
+        """Whether the next step should be scheduled with every token known (not ahead of this one):
+        some running request would try to draft in it."""
+        if not self.active(len(running)):
+            return False
+        return any(r.spec_eligible and r.draft_wait == 0 for r in running)
+
+    def drafts_for(self, request, budget: int) -> list[int]:
+        """Draft tokens for a decode grant of ``request`` (every token known, prefill done, no wait
+        left: the scheduler counts the waits down), within ``budget`` tokens for the grant (the decode
+        token included) and the request's length limit."""
+        output = request.output_token_ids
+        k = min(self.k, budget - 1, request.length_limit - len(output) - 1)
+        if k <= 0 or len(output) < request.sampling_params.min_tokens:
+            return []
+        index = request.ngram_index
+        if index is None:
+            index = request.ngram_index = NgramIndex(request.prompt_token_ids, self.config.prompt_lookup_min,
+                                                     self.config.prompt_lookup_max)
+        drafts = index.propose(output, k)
+        if not drafts:
+            self._back_off(request)
+        return drafts
+
+    def verified(self, request, num_drafts: int, num_accepted: int) -> None:
+        """After a verification round: count it, and back off a request whose drafts all failed."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        step = self._step
+        step.num_drafts += 1
+        step.num_draft_tokens += num_drafts
+        step.num_accepted_tokens += num_accepted
+        for position in range(num_accepted):
+            self.accepted_per_position[position] += 1
+            step.accepted_per_position[position] += 1
+        request.num_draft_tokens_total += num_drafts
+        request.num_accepted_tokens_total += num_accepted
+        if num_accepted:
+            request.draft_backoff = 0
+        else:
+            self._back_off(request)
+
+    def take_step_counts(self) -> "_StepCounts | None":
+        """The verification counts since the last call (None when there were none): for metrics."""
+        step = self._step
+        if not step.num_drafts:
+            return None
+        self._step = _StepCounts(self.k)
+        return step
+
+    @staticmethod
+    def _back_off(request) -> None:
+        wait = min(2 * request.draft_backoff or 1, MAX_BACKOFF_STEPS)
+        request.draft_backoff = request.draft_wait = wait
+
+
+class _StepCounts:
+    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position")
+
+    def __init__(self, k: int) -> None:
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.accepted_per_position = [0] * k

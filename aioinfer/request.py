@@ -70,7 +70,6 @@ class Request:
     length_limit: int = 0
     stop_candidates: frozenset = frozenset()
     # Speculative decoding (spec_decode/policy.py), set and used only when the engine has it:
-    spec_eligible: bool = False  # may draft (greedy, no penalties, no logprobs): decided at admission
     num_draft_tokens: int = 0  # drafts granted in the step in flight (verified and rolled back by update)
     draft_wait: int = 0  # decode grants to let pass before the next draft attempt
     draft_backoff: int = 0  # the last wait (doubles after an attempt without an accepted draft)

@@ -134,7 +134,7 @@ def test_policy_backs_off_and_stands_aside_above_its_batch_size():
                                              disable_by_batch_size=2))
     assert p.active(2) and not p.active(3)
     r = Request("r", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=50), max_tokens=50)
-    r.length_limit, r.spec_eligible = 50, True
+    r.length_limit = 50
     r.output_token_ids = [7]
     assert p.drafts_for(r, budget=100) == []  # no n-gram recurs: wait 1 step
     assert (r.draft_wait, r.draft_backoff) == (1, 1)
@@ -172,8 +172,12 @@ def test_greedy_outputs_identical_with_drafts(tiny, oracle, path_name):
     path, prompts, reference = tiny
     oracle({tuple(p): r for p, r in zip(prompts, reference)})
     llm = _llm(path, speculative_config=SPEC, **PATHS[path_name])
-    assert _greedy(llm, prompts) == reference
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == reference
     p = _policy(llm)
+    # Each request's counts (RequestOutput.metrics) add up to the engine's.
+    assert sum(o.metrics["num_accepted_tokens"] for o in outputs) == p.num_accepted_tokens
+    assert sum(o.metrics["num_draft_tokens"] for o in outputs) == p.num_draft_tokens
     # Drafts were verified, most accepted, some rejected (the corrupted and the cut ones).
     assert p.num_drafts > 20 and 0 < p.num_accepted_tokens < p.num_draft_tokens
     if "preemption" in path_name:
@@ -287,8 +291,8 @@ def test_stop_strings_checked_on_the_committed_text(tiny, oracle):
 
 
 def test_n_choices_and_mixed_batches(tiny, oracle):
-    """n > 1 greedy choices draft each on their own; seeded sampled requests draft too and keep
-    their tokens; penalties and logprobs fall back to no drafts, in the same batches."""
+    """n > 1 greedy choices draft each on their own; seeded sampled requests, requests with logprobs
+    and with penalties draft too and keep their tokens, in the same batches."""
     path, prompts, reference = tiny
     oracle({tuple(p): r for p, r in zip(prompts, reference)})
     params = []
@@ -308,12 +312,19 @@ def test_n_choices_and_mixed_batches(tiny, oracle):
 
     off = run(_llm(path))
     llm = _llm(path, speculative_config=SPEC)
-    assert run(llm) == off
+    on = run(llm)
+    assert [[ids for ids, _ in o] for o in on] == [[ids for ids, _ in o] for o in off]
+    # Logprobs from a verification row's logits: the same float32 values up to summation order.
+    assert [[lp is None for _, lp in o] for o in on] == [[lp is None for _, lp in o] for o in off]
+    assert all(lp_on == pytest.approx(lp_off, abs=1e-4) for a, b in zip(on, off) for (_, lp_on), (_, lp_off) in zip(a, b)
+               if lp_on is not None)
     assert _policy(llm).num_accepted_tokens > 0
 
 
 @pytest.mark.parametrize("knobs", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.8),
-                                   dict(temperature=1.2, top_k=5, min_p=0.05), dict(temperature=0.5, logit_bias={7: 3.0})])
+                                   dict(temperature=1.2, top_k=5, min_p=0.05), dict(temperature=0.5, logit_bias={7: 3.0}),
+                                   dict(temperature=0.9, presence_penalty=0.8, frequency_penalty=0.5),
+                                   dict(temperature=0.0, repetition_penalty=1.5)])
 def test_seeded_sampling_draws_the_same_tokens_with_drafts(tiny, oracle, knobs):
     """A sampled request's verification rows draw the noise of their own output positions, so with
     drafts it samples exactly the tokens it samples without them (seeded and batch-independent)."""
@@ -355,18 +366,39 @@ def test_sampled_distribution_is_unchanged_by_drafts(tiny, oracle):
     assert p_value > 1e-3
 
 
-def test_requests_that_cannot_draft_never_do(tiny, oracle):
+def test_logprobs_of_accepted_tokens(tiny, oracle):
+    """A request with logprobs drafts; each accepted token's logprobs (the sampled one's and the
+    top-N, from that verification row's raw logits) are those of the step that samples it without
+    drafts."""
+    path, prompts, reference = tiny
+    oracle({tuple(p): r for p, r in zip(prompts, reference)}, corrupt=0.2)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=3)
+    off = _llm(path).generate(prompts, params, use_tqdm=False)
+    llm = _llm(path, speculative_config=SPEC)
+    on = llm.generate(prompts, params, use_tqdm=False)
+    assert _policy(llm).num_accepted_tokens > 0
+    for a, b in zip(on, off):
+        a, b = a.outputs[0], b.outputs[0]
+        assert a.token_ids == b.token_ids and len(a.logprobs) == len(b.logprobs) == len(a.token_ids)
+        for la, lb in zip(a.logprobs, b.logprobs):
+            assert list(la) == list(lb)  # the same tokens, in rank order
+            for token in la:
+                assert la[token].rank == lb[token].rank
+                assert la[token].logprob == pytest.approx(lb[token].logprob, abs=1e-4)
+                assert la[token].decoded_token == lb[token].decoded_token
+
+
+def test_no_drafts_before_min_tokens(tiny, oracle):
+    """min_tokens masks the stop tokens by output position: a request drafts only once it is reached."""
     path, prompts, reference = tiny
     oracle({tuple(p): r for p, r in zip(prompts, reference)}, corrupt=0.0)
     llm = _llm(path, speculative_config=SPEC)
-    for params in (SamplingParams(temperature=0.0, max_tokens=8, logprobs=1),
-                   SamplingParams(temperature=0.0, max_tokens=8, presence_penalty=0.5),
-                   SamplingParams(temperature=0.8, seed=3, max_tokens=8, repetition_penalty=1.2)):
-        llm.generate(prompts[:3], params, use_tqdm=False)
-    assert _policy(llm).num_drafts == 0
-    # min_tokens: no draft before it is reached (its mask depends on each row's position).
     llm.generate(prompts[:3], SamplingParams(temperature=0.0, max_tokens=8, min_tokens=8), use_tqdm=False)
     assert _policy(llm).num_drafts == 0
+    params = SamplingParams(temperature=0.0, max_tokens=16, min_tokens=6)
+    on = [o.outputs[0].token_ids for o in llm.generate(prompts[:3], params, use_tqdm=False)]
+    assert on == [o.outputs[0].token_ids for o in _llm(path).generate(prompts[:3], params, use_tqdm=False)]
+    assert _policy(llm).num_drafts > 0
 
 
 # ----------------------------------------------------------------------------- invariants under random drafts

@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from aioinfer.config import SchedulerConfig, SpeculativeConfig
+from aioinfer.core.draft_grants import grant_drafts, update_verified
 from aioinfer.core.host_block_pool import HostBlockPool
 from aioinfer.core.kv_cache_manager import KVCacheManager, cdiv
 from aioinfer.core.request_queue import (
@@ -39,6 +40,7 @@ from aioinfer.core.request_queue import (
     order_key,
     outranks,
 )
+from aioinfer.core.scheduler_invariants import check_scheduler_invariants
 from aioinfer.core.scheduler_output import (
     EngineCoreOutput,
     NewRequestData,
@@ -123,8 +125,6 @@ class Scheduler:
         request.length_limit = min(request.max_tokens, self.max_model_len - len(request.prompt_token_ids))
         request.stop_candidates = frozenset(
             (() if params.ignore_eos else request.eos_token_ids) + tuple(params.stop_token_ids or ()))
-        if self.draft_policy is not None:
-            request.spec_eligible = self.draft_policy.eligible(request)
         self.requests[request.request_id] = request
         self.waiting.push(request)
 
@@ -195,13 +195,13 @@ class Scheduler:
                     break  # the request itself was the last in order: it went back to waiting
                 table = block_ids(request.request_id)
             if num_new == 1 and start == num_tokens + pending - 1 and request.request_id in known_to_runner:
-                if policy is not None and request.spec_eligible:
+                if policy is not None:
                     # A wait counts every decode grant, the ones with a token in flight too: under async
                     # scheduling most are, and the engine only stops scheduling ahead once a wait is over.
                     if request.draft_wait:
                         request.draft_wait -= 1
                     elif not pending:
-                        granted = self._grant_drafts(request, policy, start, num_tokens, budget)
+                        granted = grant_drafts(self.kv_cache, request, policy, start, num_tokens, budget)
                         if granted is not None:
                             scheduled.append(granted)
                             num_drafted += granted.num_draft_tokens
@@ -252,24 +252,6 @@ class Scheduler:
             num_prefix_cache_hits=hits,
             num_draft_tokens=num_drafted,
         )
-
-    def _grant_drafts(self, request: Request, policy: DraftPolicy, start: int, num_tokens: int,
-                      budget: int) -> ScheduledRequest | None:
-        """A decode grant with draft tokens after the last known one (its slot already allocated), or
-        None when there are no drafts or no free blocks for them: drafts never preempt anyone."""
-        drafts = policy.drafts_for(request, budget)
-        if not drafts:
-            return None
-        num_new = 1 + len(drafts)
-        if self.kv_cache.allocate_slots(request.request_id, start, num_new) is None:
-            return None
-        request.num_computed_tokens = start + num_new  # rolled back by the rejected drafts in update
-        request.num_pending_tokens = 1
-        request.num_draft_tokens = len(drafts)
-        # Only known (committed) tokens enter the prefix cache: never a block holding drafts.
-        self.kv_cache.cache_blocks(request, num_tokens)
-        return ScheduledRequest(request.request_id, request.token_ids_slice(start, num_tokens) + drafts, start,
-                                self.kv_cache.block_ids(request.request_id), True, len(drafts))
 
     def _admit(self, request: Request, swap_in: list[SwapIn]) -> tuple[int, int] | None:
         """Move the head of the waiting queue into the running set, its blocks reserved (swapped: its
@@ -454,8 +436,7 @@ class Scheduler:
                 continue  # aborted (or finished by an earlier token) while the step ran
             request.num_pending_tokens -= 1
             if request.num_draft_tokens:
-                accepted = runner_output.accepted_token_ids
-                outputs.append(self._update_verified(request, [token_id, *(accepted.get(row, ()) if accepted else ())]))
+                outputs.append(update_verified(self, request, row, token_id, runner_output))
                 continue
             output_ids = request.output_token_ids
             output_ids.append(token_id)
@@ -479,32 +460,6 @@ class Scheduler:
                 request.num_cached_tokens or 0))
         self.last_prefilled_prompt_tokens = prefilled_prompt_tokens
         return outputs
-
-    def _update_verified(self, request: Request, token_ids: list[int]) -> EngineCoreOutput:
-        """A request whose drafts were verified this step: ``token_ids`` is the first sampled token and
-        the tokens accepted after it. Rolls the computed tokens back by the rejected drafts (their KV
-        slots are simply overwritten later; whole blocks past the last computed token are freed),
-        then appends the tokens up to the first that ends the request."""
-        num_drafts, request.num_draft_tokens = request.num_draft_tokens, 0
-        num_accepted = len(token_ids) - 1
-        if request.status == RequestStatus.RUNNING:  # (a preempted request's computed tokens restart anyway)
-            request.num_computed_tokens -= num_drafts - num_accepted
-            self.kv_cache.trim(request.request_id, request.num_computed_tokens)
-        self.draft_policy.verified(request, num_drafts, num_accepted)
-        new_tokens: list[int] = []
-        finish_reason = None
-        for token_id in token_ids:
-            request.output_token_ids.append(token_id)
-            new_tokens.append(token_id)
-            if len(request.output_token_ids) >= request.length_limit or token_id in request.stop_candidates:
-                status = self._stop_status(request, token_id)
-                if status is not None:  # the tokens after a stop are dropped
-                    (self.running if request.status == RequestStatus.RUNNING else self.waiting).remove(request)
-                    self._finish(request, status)
-                    finish_reason = request.finish_reason
-                    break
-        return EngineCoreOutput(request.request_id, new_tokens, [], finish_reason, request.stop_reason,
-                                len(request.prompt_token_ids), request.num_preemptions, request.num_cached_tokens or 0)
 
     def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params
@@ -534,27 +489,4 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         """Bookkeeping checks for tests: queues, statuses, block tables, reservations, host runs."""
-        self.kv_cache.check_invariants()
-        assert len(self.running) <= self.config.max_num_seqs
-        ids = [r.request_id for r in self.running] + [r.request_id for r in self.waiting]
-        assert len(ids) == len(set(ids)) == len(self.requests), "a request is queued twice or lost"
-        keys = [r.order_key for r in self.running]
-        assert all(a < b for a, b in itertools.pairwise(keys)) and self.waiting.is_sorted(), "queue order broken"
-        block_size = self.kv_cache.block_size
-        for request in self.running:
-            assert request.status == RequestStatus.RUNNING
-            assert self.kv_cache.holds(request.request_id), f"{request.request_id} runs without a table"
-            table = self.kv_cache.block_ids(request.request_id)
-            assert len(table) == cdiv(request.num_computed_tokens, block_size), (
-                f"{request.request_id}: {len(table)} blocks for {request.num_computed_tokens} computed tokens")
-            # Cached (possibly shared) blocks lie wholly before the computed tokens: never written again.
-            assert self.kv_cache.num_chain_blocks(request.request_id) * block_size <= request.num_computed_tokens
-        host_runs = {}
-        for request in self.waiting:
-            assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
-            assert not self.kv_cache.holds(request.request_id), "a waiting request holds blocks or a reservation"
-            if request.status == RequestStatus.SWAPPED:
-                host_runs[request.host_run_start] = cdiv(request.num_computed_tokens, block_size)
-            else:
-                assert request.host_run_start is None
-        self.host_pool.check_invariants(host_runs)
+        check_scheduler_invariants(self)

@@ -95,6 +95,8 @@ class RunnerOutput:
     # Speculative decoding: row -> the tokens accepted after ``sampled_token_ids[row]`` (verified drafts,
     # then the token the model sampled after the last accepted one); None when the step had no drafts.
     accepted_token_ids: Optional[dict[int, list[int]]] = None
+    # ... and their logprobs, aligned with them, for the rows whose request asked for logprobs.
+    accepted_logprobs: Optional[dict[int, list[TokenLogprobs]]] = None
 
     @property
     def num_tokens(self) -> int:

@@ -120,6 +120,7 @@ class LLM:
     def _run(self, prepared, use_tqdm: bool, priority: Optional[Sequence[int]]) -> list[RequestOutput]:
         core, processor = self.engine, OutputProcessor(self.tokenizer)
         groups: list[tuple[str, Optional[str], list[int], list[str]]] = []
+        requests = {}  # child id -> its Request (speculative decoding: its draft counts at the end)
         try:
             for i, (text, ids, params, salt) in enumerate(prepared):
                 parent_id = str(next(self._ids))
@@ -133,6 +134,7 @@ class LLM:
                     request = self.inputs.make_request(child_id, ids, child_params,
                                                        priority=priority[i] if priority else 0, cache_salt=salt)
                     core.add_request(request)
+                    requests[child_id] = request
                     processor.add_request(child_id, text, ids, child_params)
                     child_ids.append(child_id)
                 groups.append((parent_id, text, ids, child_ids))
@@ -162,11 +164,17 @@ class LLM:
             raise
 
         results = []
+        speculative = core.scheduler.draft_policy is not None
         for parent_id, text, ids, children in groups:
             outputs = [processor.completion(child, index) for index, child in enumerate(children)]
+            # Speculative decoding: the draft tokens verified for the request's choices, and of those the accepted.
+            metrics = {"num_draft_tokens": sum(requests[c].num_draft_tokens_total for c in children),
+                       "num_accepted_tokens": sum(requests[c].num_accepted_tokens_total for c in children)
+                       } if speculative else {}
             results.append(RequestOutput(request_id=parent_id, prompt=text, prompt_token_ids=ids,
                                          outputs=outputs, finished=True,
-                                         num_cached_tokens=max(processor.num_cached_tokens(c) for c in children)))
+                                         num_cached_tokens=max(processor.num_cached_tokens(c) for c in children),
+                                         metrics=metrics))
         return results
 
 

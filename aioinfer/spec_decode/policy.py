@@ -1,11 +1,11 @@
 """Who drafts, how many tokens, and when speculation stands aside.
 
-A request drafts when each of its verification rows can sample exactly as the step without drafts
-would: no penalties (they read the tokens before each row), no logprobs (not reported for drafted
-rows yet), ``min_tokens`` already reached (its mask depends on the row's position). Greedy and
-sampled requests alike: a row samples with the seeded noise of its own output position, so a
-sampled request's tokens are those it would draw without drafts (worker/model_runner.py
-``_verify``). Others decode as before in the same batch: the per-request fallback.
+Every request may draft once its prefill is done, its last token known and its ``min_tokens``
+reached (the mask depends on the row's position: before that it decodes without drafts, in the same
+batch). Each verification row samples exactly as the step without drafts would (worker/model_runner.py
+``_verification_rows`` and ``_verify``): greedy or sampled (the seeded noise of the row's own output
+position), penalties counting the drafts before the row as output, logprobs from the row's raw
+logits. So a request's tokens are those it gets without drafts.
 
 Never slower (issue 16): a step carrying drafts is scheduled with every token known, so the engine
 does not schedule the next step ahead of it (async scheduling's overlap is lost for that step), and
@@ -41,13 +41,6 @@ class DraftPolicy:
         self.accepted_per_position = [0] * self.k  # drafts accepted at position 0, 1, ... of a round
         self._step = _StepCounts(self.k)  # the same, since the last ``take_step_counts``
 
-    @staticmethod
-    def eligible(request) -> bool:
-        """Whether a request may draft at all (decided once, at admission)."""
-        p = request.sampling_params
-        return (p.logprobs is None and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
-                and p.presence_penalty == 0.0)
-
     def active(self, num_running: int) -> bool:
         return num_running <= self.max_running
 
@@ -56,7 +49,7 @@ class DraftPolicy:
         some running request would try to draft in it."""
         if not self.active(len(running)):
             return False
-        return any(r.spec_eligible and r.draft_wait == 0 for r in running)
+        return any(r.draft_wait == 0 for r in running)
 
     def drafts_for(self, request, budget: int) -> list[int]:
         """Draft tokens for a decode grant of ``request`` (every token known, prefill done, no wait

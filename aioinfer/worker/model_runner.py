@@ -5,6 +5,7 @@ Owns all torch state (weights, KV cache, sampler). Lives on the GPU thread.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -161,11 +162,7 @@ class ModelRunner:
         if drafts is None:
             metadata = SamplingMetadata.build(states, logits.shape[1], self.device)
         else:
-            # A request's d + 1 rows sample as its own row would at each of those output positions,
-            # seeded noise included: drafting requests have no penalties or logprobs, and min_tokens
-            # is behind them (spec_decode/policy.py).
-            rows = [s for s, d in zip(states, drafts) for _ in range(len(d) + 1)]
-            offsets = [j for d in drafts for j in range(len(d) + 1)]
+            rows, offsets = _verification_rows(states, drafts)
             metadata = SamplingMetadata.build(rows, logits.shape[1], self.device, row_offsets=offsets)
         result = self.sampler(logits, metadata)
         for state in states:
@@ -241,6 +238,30 @@ class _Launched:
     drafts: Optional[list[list[int]]] = None  # per request its verified drafts ([] for none); None: no drafts
 
 
+def _verification_rows(states: list[SamplingRow], drafts: list[list[int]]) -> tuple[list[SamplingRow], list[int]]:
+    """A request's d + 1 rows, each sampling as the step without drafts would at its output position:
+    the seeded noise of that position (``offsets``: tokens after the request's next one), and, with
+    penalties, the drafts before it counted as output (a row of its own with those tokens, whose
+    position is then in its output already). min_tokens is behind every drafting request
+    (spec_decode/policy.py)."""
+    rows: list[SamplingRow] = []
+    offsets: list[int] = []
+    for state, ds in zip(states, drafts):
+        rows.append(state)
+        offsets.append(0)
+        if not ds:
+            continue
+        p = state.params
+        if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+            rows.extend(dataclasses.replace(state, output_token_ids=state.output_token_ids + ds[:j])
+                        for j in range(1, len(ds) + 1))
+            offsets.extend([0] * len(ds))
+        else:
+            rows.extend([state] * len(ds))
+            offsets.extend(range(1, len(ds) + 1))
+    return rows, offsets
+
+
 def _verify(launched: _Launched, rows: list[int]) -> RunnerOutput:
     """Verification: a request with drafts d_1..d_k sampled g_1..g_{k+1} (g_j after the known tokens
     and d_1..d_{j-1}: the argmax for greedy rows, else the draw of the seeded noise of g_j's own
@@ -251,24 +272,27 @@ def _verify(launched: _Launched, rows: list[int]) -> RunnerOutput:
     first: list[int] = []
     accepted: dict[int, list[int]] = {}
     logprob_rows = _logprob_rows(launched.result, [s for s, d in zip(launched.states, launched.drafts)
-                                                   for _ in range(len(d) + 1)])
+                                                   for _ in range(len(d) + 1)])  # (only params are read)
     logprobs: list[Optional[TokenLogprobs]] = []
+    accepted_logprobs: dict[int, list[TokenLogprobs]] = {}
     at = 0
     for row, (state, drafts) in enumerate(zip(launched.states, launched.drafts)):
         sampled = rows[at:at + len(drafts) + 1]
-        if logprob_rows:
-            logprobs.append(logprob_rows[at])  # a request with logprobs never drafts: its one row
-        at += len(drafts) + 1
         num_accepted = 0
         while num_accepted < len(drafts) and drafts[num_accepted] == sampled[num_accepted]:
             num_accepted += 1
         first.append(sampled[0])
         if num_accepted:
             accepted[row] = sampled[1:num_accepted + 1]
+        if logprob_rows:
+            logprobs.append(logprob_rows[at])
+            if num_accepted and logprob_rows[at] is not None:
+                accepted_logprobs[row] = logprob_rows[at + 1:at + num_accepted + 1]
+        at += len(drafts) + 1
         state.output_token_ids.extend(sampled[:num_accepted + 1])
         state.num_pending_tokens -= 1
     return RunnerOutput(sampled_request_ids=launched.request_ids, sampled_token_ids=first, logprobs=logprobs,
-                        accepted_token_ids=accepted)
+                        accepted_token_ids=accepted, accepted_logprobs=accepted_logprobs or None)
 
 
 def _copy_to_host(result: SamplerOutput) -> tuple[SamplerOutput, Optional[torch.cuda.Event]]:

@@ -154,6 +154,51 @@ def test_policy_backs_off_and_stands_aside_above_its_batch_size():
     assert p.drafts_for(r, budget=100) == [3]
 
 
+def test_policy_pauses_when_attempts_stop_paying():
+    from aioinfer.request import Request
+
+    p = policy.DraftPolicy(SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=1))
+    r = Request("r", [5, 6], SamplingParams(temperature=0.0, max_tokens=10_000), max_tokens=10_000)
+    r.length_limit = 10_000
+    attempts = 0
+    while p.active(1):  # every attempt drafts (the output repeats one token) and none is accepted
+        r.output_token_ids.append(5)
+        assert p.drafts_for(r, budget=100)
+        p.verified(r, 3, 0)
+        r.draft_wait = 0
+        attempts += 1
+        assert attempts < 100
+    assert p.num_pauses == 1 and attempts >= policy.MIN_EVIDENCE
+    for _ in range(policy.PAUSE_STEPS - 1):
+        p.begin_step()
+        assert not p.active(1) and not p.wants_known_tokens([r])
+    p.begin_step()
+    assert p.active(1)  # and it tries again
+    # Attempts that pay keep it on.
+    for _ in range(200):
+        r.output_token_ids.append(5)
+        p.drafts_for(r, budget=100)
+        p.verified(r, 3, 1)
+        r.draft_wait = 0
+    assert p.active(1) and p.num_pauses == 1
+
+
+def test_drafts_that_never_pay_pause_speculation(tiny, monkeypatch):
+    """Always-wrong drafts: speculation pauses itself (the steps run as without it, async scheduling
+    included) instead of verifying drafts in every step; the outputs stay the same."""
+    path, prompts, reference = tiny
+    monkeypatch.setattr(ngram.NgramIndex, "propose", lambda self, output, k: [401] * k)
+    llm = _llm(path, async_scheduling=True, speculative_config=SPEC)
+    long = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    want = _llm(path, async_scheduling=True).generate(prompts, long, use_tqdm=False)
+    got = llm.generate(prompts, long, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    p = _policy(llm)
+    assert p.num_pauses >= 1 and p.num_accepted_tokens == 0
+    # Each request's back-off and the pauses: a few rounds, not one per decode grant.
+    assert p.num_drafts < 0.05 * len(prompts) * 200
+
+
 # ----------------------------------------------------------------------------- equality on every path
 
 PATHS = {
@@ -337,11 +382,13 @@ def test_seeded_sampling_draws_the_same_tokens_with_drafts(tiny, oracle, knobs):
     assert _policy(llm).num_drafts > 0
 
 
-def test_sampled_distribution_is_unchanged_by_drafts(tiny, oracle):
+def test_sampled_distribution_is_unchanged_by_drafts(tiny, oracle, monkeypatch):
     """The distribution itself, from independent draws (different seeds with and without drafts):
     a chi-square two-sample test on the third token after a fixed prompt."""
     from scipy.stats import chi2_contingency
 
+    # Low acceptance at temperature 1 would pause speculation (policy.py): here it must keep drafting.
+    monkeypatch.setattr(policy, "MIN_EVIDENCE", float("inf"))
     path, prompts, reference = tiny
     prompt = prompts[1]
     oracle({tuple(prompt): reference[1]}, corrupt=0.0)

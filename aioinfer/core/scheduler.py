@@ -172,8 +172,10 @@ class Scheduler:
         cache_blocks, known_to_runner = self.kv_cache.cache_blocks, self._known_to_runner
         # Drafts only in a batch small enough for them to pay (spec_decode/policy.py).
         policy = self.draft_policy
-        if policy is not None and not policy.active(len(running)):
-            policy = None
+        if policy is not None:
+            policy.begin_step()
+            if not policy.active(len(running)):
+                policy = None
         num_drafted = 0
         index = 0
         while index < len(running) and budget > 0:

@@ -44,12 +44,8 @@ class DraftPolicy:
         self.config = config
         self.k = config.num_speculative_tokens
         self.max_running = config.disable_by_batch_size or DEFAULT_MAX_RUNNING
-        # Totals for metrics (vLLM's spec_decode counters) and tests.
-        self.num_drafts = 0  # verification rounds: steps in which a request carried drafts
-        self.num_draft_tokens = 0
-        self.num_accepted_tokens = 0
-        self.accepted_per_position = [0] * self.k  # drafts accepted at position 0, 1, ... of a round
-        self._step = _StepCounts(self.k)  # the same, since the last ``take_step_counts``
+        self.totals = VerificationCounts(self.k)  # since the start (vLLM's spec_decode counters)
+        self._step = VerificationCounts(self.k)  # since the last ``take_step_counts``
         self.num_pauses = 0
         self._window_attempts = self._window_accepted = 0.0  # decaying: the recent attempts' yield
         self._paused_for = 0  # steps left in a pause
@@ -89,17 +85,9 @@ class DraftPolicy:
 
     def verified(self, request, num_drafts: int, num_accepted: int) -> None:
         """After a verification round: count it, and back off a request whose drafts all failed."""
-        self.num_drafts += 1
-        self.num_draft_tokens += num_drafts
-        self.num_accepted_tokens += num_accepted
+        self.totals.add(num_drafts, num_accepted)
+        self._step.add(num_drafts, num_accepted)
         self._attempted(num_accepted)
-        step = self._step
-        step.num_drafts += 1
-        step.num_draft_tokens += num_drafts
-        step.num_accepted_tokens += num_accepted
-        for position in range(num_accepted):
-            self.accepted_per_position[position] += 1
-            step.accepted_per_position[position] += 1
         request.num_draft_tokens_total += num_drafts
         request.num_accepted_tokens_total += num_accepted
         if num_accepted:
@@ -118,12 +106,18 @@ class DraftPolicy:
             self.num_pauses += 1
             self._window_attempts = self._window_accepted = 0.0
 
-    def take_step_counts(self) -> "_StepCounts | None":
+    # The totals, by their own names (tests, the offline LLM's users).
+    num_drafts = property(lambda self: self.totals.num_drafts)
+    num_draft_tokens = property(lambda self: self.totals.num_draft_tokens)
+    num_accepted_tokens = property(lambda self: self.totals.num_accepted_tokens)
+    accepted_per_position = property(lambda self: self.totals.accepted_per_position)
+
+    def take_step_counts(self) -> "VerificationCounts | None":
         """The verification counts since the last call (None when there were none): for metrics."""
         step = self._step
         if not step.num_drafts:
             return None
-        self._step = _StepCounts(self.k)
+        self._step = VerificationCounts(self.k)
         return step
 
     @staticmethod
@@ -132,9 +126,19 @@ class DraftPolicy:
         request.draft_backoff = request.draft_wait = wait
 
 
-class _StepCounts:
+class VerificationCounts:
+    """Verification rounds (a request's drafts checked in one step), their draft tokens, the accepted
+    ones, and per draft position how many rounds accepted it."""
+
     __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position")
 
     def __init__(self, k: int) -> None:
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.accepted_per_position = [0] * k
+
+    def add(self, num_drafts: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        for position in range(num_accepted):
+            self.accepted_per_position[position] += 1

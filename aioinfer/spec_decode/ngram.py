@@ -10,6 +10,9 @@ interpreter lock as everything else on the engine thread).
 from __future__ import annotations
 
 
+_BULK = 16  # new positions above which the index is extended in bulk
+
+
 class NgramIndex:
     """One request's n-gram index over its prompt and output tokens."""
 
@@ -33,13 +36,25 @@ class NgramIndex:
         # Index the n-grams ending at positions before the last: the suffix (ending at the last) must
         # find an earlier occurrence, never itself. The latest occurrence wins (dict overwrite).
         min_n, ends = self.min_n, self._ends
-        for end in range(self._indexed, last):
+        start = self._indexed
+        if last - start > _BULK:
+            # Many new positions (the prompt, at the first call): per n, the n-grams ending at each
+            # position as one zip of shifted slices, so the loop runs in C; a dict update keeps the
+            # latest end of a repeated n-gram, as the one-by-one path does.
             for i, table in enumerate(ends):
                 n = min_n + i
-                if end + 1 < n:
-                    break
-                table[tuple(tokens[end + 1 - n:end + 1])] = end
-        if last > self._indexed:
+                first = max(start, n - 1)
+                if first < last:
+                    grams = zip(*(tokens[first + 1 - n + j:last + 1 - n + j] for j in range(n)))
+                    table.update(zip(grams, range(first, last)))
+        else:
+            for end in range(start, last):
+                for i, table in enumerate(ends):
+                    n = min_n + i
+                    if end + 1 < n:
+                        break
+                    table[tuple(tokens[end + 1 - n:end + 1])] = end
+        if last > start:
             self._indexed = last
         for i in range(len(ends) - 1, -1, -1):
             n = min_n + i

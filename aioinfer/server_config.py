@@ -162,6 +162,11 @@ def _get(env: Mapping[str, str], name: str) -> Optional[str]:
 
 
 def _parse(name: str, raw: str, typ: type) -> Any:
+    if typ not in (bool, int, float, str):  # a parser of its own (speculative_config_json), with its own message
+        try:
+            return typ(raw)
+        except ValueError as exc:
+            raise ValueError(f"{env_name(name)}: {exc}") from None
     try:
         if typ is bool:
             lowered = raw.lower()
@@ -174,13 +179,6 @@ def _parse(name: str, raw: str, typ: type) -> Any:
             return int(raw)
         if typ is float:
             return float(raw)
-        if typ is not str:  # a parser of its own (speculative_config_json): its message says what is wrong
-            try:
-                return typ(raw)
-            except ValueError as exc:
-                raise ValueError(f"{env_name(name)}: {exc}") from None
         return raw
-    except ValueError as exc:
-        if str(exc).startswith(env_name(name)):
-            raise
+    except ValueError:
         raise ValueError(f"{env_name(name)} must be {typ.__name__}, got {raw!r}") from None

@@ -73,6 +73,7 @@ class Request:
     num_draft_tokens: int = 0  # drafts granted in the step in flight (verified and rolled back by update)
     draft_wait: int = 0  # decode grants to let pass before the next draft attempt
     draft_backoff: int = 0  # the last wait (doubles after an attempt without an accepted draft)
+    draft_yield: Optional[float] = None  # decaying average of its attempts' accepted tokens (None: none yet)
     ngram_index: Optional[object] = None  # its NgramIndex, built at its first draft attempt
     num_draft_tokens_total: int = 0  # drafts verified over its life
     num_accepted_tokens_total: int = 0  # of those, accepted

@@ -129,7 +129,9 @@ def _passthrough(args) -> list[str]:
 def _brief(r: dict) -> str:
     if "error" in r:
         return r["error"]
-    return f"{r['tok_per_s']:,.0f} tok/s over {r['seconds']:.2f} s"
+    spec = r.get("spec_decode")
+    drafts = f" (drafts: {spec['drafts']} rounds, {spec['accepted_tokens']} accepted)" if spec else ""
+    return f"{r['tok_per_s']:,.0f} tok/s over {r['seconds']:.2f} s{drafts}"
 
 
 def engine_settings(args, device: str, requests) -> dict[str, Any]:
@@ -206,7 +208,7 @@ def _offline(args, options: dict[str, Any], requests) -> dict[str, Any]:
         got = sum(len(o.outputs[0].token_ids) for o in outs)
         runs.append({"output_tokens": got, "seconds": seconds, "tok_per_s": got / seconds,
                      "cpu_s": split_by_role(before, thread_cpu(), os.getpid())})
-    return _best(runs)
+    return _with_spec_counts(_best(runs), llm.engine)
 
 
 async def _async_engine(args, options: dict[str, Any], requests) -> dict[str, Any]:
@@ -248,7 +250,17 @@ async def _async_engine(args, options: dict[str, Any], requests) -> dict[str, An
             got = sum(r["output_tokens"] for r in records)
             runs.append({"output_tokens": got, "seconds": seconds, "tok_per_s": got / seconds, "cpu_s": cpu,
                          **latencies(records)})
-    return _best(runs)
+        core = engine._core
+    return _with_spec_counts(_best(runs), core)
+
+
+def _with_spec_counts(result: dict, core) -> dict:
+    """Speculative decoding's totals over the process (warm-up included), when it is on."""
+    policy = getattr(getattr(core, "scheduler", None), "draft_policy", None)
+    if policy is not None:
+        result["spec_decode"] = {"drafts": policy.num_drafts, "draft_tokens": policy.num_draft_tokens,
+                                 "accepted_tokens": policy.num_accepted_tokens, "pauses": policy.num_pauses}
+    return result
 
 
 def _record(sent: float, times: list[float], tokens: int) -> dict:

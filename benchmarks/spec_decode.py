@@ -12,7 +12,8 @@ the same tokens and the ratio of their times is the speed-up.
 
 Batch 1: each prompt alone; TPOT = (T(max_tokens) - T(1)) / (tokens - 1) per prompt (decode_latency's
 method), median over the prompts. Batch B > 1: the first B prompts (cycled) at once, after an
-untimed run of the same batch with 32 tokens; output tok/s over the whole run. Every timed run has
+untimed run of the same batch with 32 tokens; output tok/s over the whole run, the median of
+``--repeats`` runs (a run of 64 prompts lasts under half a second on the H200). Every timed run has
 a fresh prefix-cache salt. Acceptance: accepted / draft tokens; mean accepted length: tokens per
 verification round (1 + accepted / rounds), vLLM's "mean acceptance length".
 """
@@ -45,6 +46,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a model folder or .gguf file with a chat template (real weights)")
     p.add_argument("--batches", default="1,64")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs of each batch B > 1 (median reported)")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts timed one by one at batch 1")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--speculative-config", default='{"method": "ngram", "num_speculative_tokens": 4, '
@@ -76,7 +78,8 @@ def main() -> None:
                      f"{on['tpot_ms']:.3f}" if batch == 1 else f"{on['tok_per_s']:,.0f}", f"{speedup:.2f}x",
                      f"{on['acceptance']:.0%}", f"{on['mean_accepted_length']:.2f}", on["tokens"]])
     dump(args.out, {"benchmark": "spec_decode", "model": args.model, "environment": env, "argv": vars(args),
-                    "speculative_config": spec, "identical_outputs": identical, "results": results})
+                    "speculative_config": spec, "identical_outputs": identical, "results": results,
+                    "payoff_rates": runs["on"].get("payoff_rates")})
     print(format_table(["batch", "off (TPOT ms | tok/s)", "on", "speed-up", "acceptance", "mean accepted length",
                         "tokens"], rows))
     print(f"identical outputs: {identical}")
@@ -129,16 +132,25 @@ def _run_mode(args, device: str, batches: list[int], extra: dict) -> dict[str, A
             chosen = [prompts[i % len(prompts)] for i in range(batch)]
             timed(chosen, SamplingParams(temperature=0.0, max_tokens=32))  # this batch's first kernels
             before = _counts(policy)
-            seconds, outs = timed(chosen, full)
+            runs = []
+            for _ in range(args.repeats):
+                seconds, outs = timed(chosen, full)
+                runs.append((sum(map(len, outs)) / seconds, seconds))
             result["outputs"][str(batch)] = outs
             tokens = sum(map(len, outs))
-            entry = {"tok_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens}
+            rate, seconds = sorted(runs)[len(runs) // 2]
+            entry = {"tok_per_s": rate, "seconds": seconds, "tokens": tokens,
+                     "runs_tok_per_s": [round(r) for r, _ in runs]}
         after = _counts(policy)
         drafts, draft_tokens, accepted = (a - b for a, b in zip(after, before))
+        if batch > 1:  # per timed run
+            drafts, draft_tokens, accepted = (x // args.repeats for x in (drafts, draft_tokens, accepted))
         entry.update(drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted,
                      acceptance=accepted / draft_tokens if draft_tokens else 0.0,
                      mean_accepted_length=1 + accepted / drafts if drafts else 1.0)
         result[str(batch)] = entry
+    if policy is not None:  # measured tokens/s per batch-size bucket: (drafting, ahead)
+        result["payoff_rates"] = {str(b): [round(d), round(a)] for b, (d, a) in policy.payoff.rates().items()}
     del llm
     gc.collect()
     if device == "cuda":

@@ -51,7 +51,7 @@ from aioinfer.core.scheduler_output import (
     SwapOut,
 )
 from aioinfer.request import Request, RequestStatus
-from aioinfer.spec_decode.policy import DraftPolicy
+from aioinfer.spec_decode.policy import DEFAULT_MAX_STEP_TOKENS, DraftPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,8 @@ class RequestTooLongError(ValueError):
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
                  num_host_blocks: int = 0, priority_aging_steps: int = PRIORITY_AGING_STEPS,
-                 speculative: SpeculativeConfig | None = None) -> None:
+                 speculative: SpeculativeConfig | None = None,
+                 max_draft_step_tokens: int = DEFAULT_MAX_STEP_TOKENS) -> None:
         if priority_aging_steps < 1:
             raise ValueError(f"priority_aging_steps must be >= 1, got {priority_aging_steps}")
         self.config = config
@@ -81,7 +82,8 @@ class Scheduler:
                            "support): every preemption recomputes")
         self.requests: dict[str, Request] = {}
         # Speculative decoding: who drafts, and the totals (None: off).
-        self.draft_policy = DraftPolicy(speculative) if speculative is not None else None
+        self.draft_policy = (DraftPolicy(speculative, max_draft_step_tokens) if speculative is not None
+                             else None)
         self.waiting = RequestQueue()  # new, preempted and swapped requests, in scheduling order
         self.running: list[Request] = []  # in scheduling order: the last is the first victim
         self._known_to_runner: set[str] = set()
@@ -176,6 +178,8 @@ class Scheduler:
             policy.begin_step()
             if not policy.active(len(running)):
                 policy = None
+            else:
+                draft_room = policy.step_draft_room(len(running))
         num_drafted = 0
         index = 0
         while index < len(running) and budget > 0:
@@ -202,8 +206,9 @@ class Scheduler:
                     # scheduling most are, and the engine only stops scheduling ahead once a wait is over.
                     if request.draft_wait:
                         request.draft_wait -= 1
-                    elif not pending:
-                        granted = grant_drafts(self.kv_cache, request, policy, start, num_tokens, budget)
+                    elif not pending and policy.allow_drafts:
+                        granted = grant_drafts(self.kv_cache, request, policy, start, num_tokens,
+                                               min(budget, 1 + draft_room - num_drafted))
                         if granted is not None:
                             scheduled.append(granted)
                             num_drafted += granted.num_draft_tokens

@@ -6,6 +6,7 @@ Used directly by the offline ``LLM`` and, on its dedicated thread, by the async 
 from __future__ import annotations
 
 import logging
+import time
 
 from aioinfer.config import EngineConfig
 from aioinfer.core.kv_cache_manager import KVCacheManager
@@ -13,6 +14,7 @@ from aioinfer.core.scheduler import Scheduler
 from aioinfer.core.scheduler_output import EngineCoreOutput, RunnerOutput, SchedulerOutput
 from aioinfer.engine.model_setup import LoadedModel, load_for_engine
 from aioinfer.request import Request, RequestStatus
+from aioinfer.spec_decode.policy import DEFAULT_MAX_STEP_TOKENS
 from aioinfer.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -42,7 +44,10 @@ class EngineCore:
         num_host_blocks = (getattr(self.runner, "num_host_blocks", 0)
                            if config.scheduler.preemption_mode == "swap" else 0)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.loaded.max_model_len,
-                                   num_host_blocks=num_host_blocks, speculative=config.speculative)
+                                   num_host_blocks=num_host_blocks, speculative=config.speculative,
+                                   # a step with drafts stays within the largest CUDA-graph token bucket
+                                   max_draft_step_tokens=(config.max_cuda_graph_prefill_tokens
+                                                          or DEFAULT_MAX_STEP_TOKENS))
         self.num_steps = 0
         # Async scheduling: launch step N+1 before waiting for step N's sampled ids, so that the host
         # work between steps overlaps the device work. The default on CUDA (H200: 0.5b batch-1 decode
@@ -51,6 +56,7 @@ class EngineCore:
         self.async_scheduling = (self.loaded.device.type == "cuda" if config.async_scheduling is None
                                  else config.async_scheduling)
         self._in_flight = None  # (SchedulerOutput, launched step) not yet collected
+        self._last_step_end = None  # perf_counter at the end of the last step (speculation's payoff)
         # Added requests with penalties and not yet seen finished: usually none, so the per-step
         # schedule-ahead test need not scan every running request (~0.25 us each, every step).
         self._with_penalties: list[Request] = []
@@ -87,7 +93,8 @@ class EngineCore:
         With async scheduling the step returned is the one launched by the previous call (or now),
         and the next one is already launched before this one's results are waited for.
         """
-        if self._in_flight is None:
+        lockstep = self._in_flight is None  # scheduled now, every token known (not ahead of the last step)
+        if lockstep:
             scheduler_output = self.scheduler.schedule()
             launched = self.runner.launch(scheduler_output)
         else:
@@ -101,7 +108,20 @@ class EngineCore:
                 self._in_flight = (ahead, self.runner.launch(ahead))
         runner_output = self.runner.collect(launched)
         self.num_steps += 1
+        if self.async_scheduling and self.scheduler.draft_policy is not None:
+            self._time_step(scheduler_output, runner_output, lockstep)
         return scheduler_output, runner_output, self.scheduler.update(scheduler_output, runner_output)
+
+    def _time_step(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput, lockstep: bool) -> None:
+        """Speculation's measured payoff (spec_decode/payoff.py): a decode step's tokens over the time
+        since the step before it ended (the caller's handling of that one included)."""
+        now = time.perf_counter()
+        num_seqs = len(scheduler_output.scheduled)
+        if (self._last_step_end is not None and num_seqs
+                and scheduler_output.num_scheduled_tokens == num_seqs + scheduler_output.num_draft_tokens):
+            self.scheduler.draft_policy.payoff.observe(num_seqs, lockstep, runner_output.num_tokens,
+                                                       now - self._last_step_end)
+        self._last_step_end = now
 
     def drain(self) -> list[EngineCoreOutput]:
         """Wait for the step launched ahead, if any (after aborts: its results are dropped by update)."""
@@ -115,7 +135,9 @@ class EngineCore:
         # Drafts: the next step needs to know how many were accepted, and a request can only draft
         # once its last token is known, so speculation that wants to run keeps the steps in lockstep.
         policy = self.scheduler.draft_policy
-        if policy is not None and (launched.num_draft_tokens or policy.wants_known_tokens(self.scheduler.running)):
+        # The policy decides after every step, one with drafts too (whose successor is in lockstep
+        # anyway), whether the next may carry drafts.
+        if policy is not None and (policy.wants_known_tokens(self.scheduler.running) or launched.num_draft_tokens):
             return False
         # Penalties read the content of every generated token, which is still on the device. The
         # scheduler's running set is exactly its requests with status RUNNING (check_invariants).

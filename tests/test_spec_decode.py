@@ -222,6 +222,11 @@ def test_lockstep_only_when_the_ready_drafts_pay_for_the_batch():
     for _ in range(policy.EXPLORE_STEPS):
         p.begin_step()
     assert p.wants_known_tokens(batch) and not p.wants_known_tokens(batch)  # now and then they try anyway
+    # When the next step is in lockstep anyway (penalties), drafts cost no overlap: any ready request drafts.
+    assert p.wants_known_tokens(batch, lockstep_anyway=True) and p.allow_drafts
+    for r in batch:
+        r.draft_wait = 1
+    assert not p.wants_known_tokens(batch, lockstep_anyway=True) and not p.allow_drafts
     # Attempts that got nothing accepted lower a request's expectation; accepted runs raise it.
     r = batch[0]
     r.output_token_ids = [7, 1, 2]
@@ -393,6 +398,24 @@ def test_drafting_resumes_after_a_wait_under_async_scheduling(tiny, monkeypatch,
     for async_scheduling in (False, True):
         llm = _llm(path, async_scheduling=async_scheduling, speculative_config=SPEC)
         assert _greedy(llm, prompts) == reference
+        rounds[async_scheduling] = _policy(llm).num_drafts
+    assert rounds[False] > 2 * len(prompts)
+    assert rounds[True] >= 0.7 * rounds[False], rounds
+
+
+def test_penalised_batches_draft_under_async_scheduling(tiny, oracle):
+    """A request with penalties keeps every step in lockstep, so drafts cost no overlap there: the
+    batch drafts as often as without async scheduling (the measured payoff is not consulted, and
+    no timing decides), with the same outputs."""
+    path, prompts, _ = tiny
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, repetition_penalty=1.2)
+    want = [o.outputs[0].token_ids for o in _llm(path).generate(prompts, params, use_tqdm=False)]
+    oracle({tuple(p): r for p, r in zip(prompts, want)}, corrupt=0.2)
+    rounds = {}
+    for async_scheduling in (False, True):
+        llm = _llm(path, async_scheduling=async_scheduling, speculative_config=SPEC)
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert got == want
         rounds[async_scheduling] = _policy(llm).num_drafts
     assert rounds[False] > 2 * len(prompts)
     assert rounds[True] >= 0.7 * rounds[False], rounds

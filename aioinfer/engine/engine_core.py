@@ -132,19 +132,21 @@ class EngineCore:
         return self.scheduler.update(scheduler_output, self.runner.collect(launched))
 
     def _can_schedule_ahead(self, launched: SchedulerOutput) -> bool:
-        # Drafts: the next step needs to know how many were accepted, and a request can only draft
-        # once its last token is known, so speculation that wants to run keeps the steps in lockstep.
-        policy = self.scheduler.draft_policy
-        # The policy decides after every step, one with drafts too (whose successor is in lockstep
-        # anyway), whether the next may carry drafts.
-        if policy is not None and (policy.wants_known_tokens(self.scheduler.running) or launched.num_draft_tokens):
-            return False
         # Penalties read the content of every generated token, which is still on the device. The
         # scheduler's running set is exactly its requests with status RUNNING (check_invariants).
-        if not self._with_penalties:
-            return True
-        self._with_penalties = [r for r in self._with_penalties if not r.status.finished]
-        return not any(r.status == RequestStatus.RUNNING for r in self._with_penalties)
+        penalised = False
+        if self._with_penalties:
+            self._with_penalties = [r for r in self._with_penalties if not r.status.finished]
+            penalised = any(r.status == RequestStatus.RUNNING for r in self._with_penalties)
+        # Drafts: the next step needs to know how many were accepted, and a request can only draft
+        # once its last token is known, so speculation that wants to run keeps the steps in lockstep.
+        # The policy decides after every step, one with drafts too (whose successor is in lockstep
+        # anyway), whether the next may carry drafts; under penalties they cost no overlap.
+        policy = self.scheduler.draft_policy
+        if policy is not None and (policy.wants_known_tokens(self.scheduler.running, lockstep_anyway=penalised)
+                                   or launched.num_draft_tokens):
+            return False
+        return not penalised
 
 
 def _has_penalties(params) -> bool:

@@ -92,15 +92,17 @@ class DraftPolicy:
     def active(self, num_running: int) -> bool:
         return not self._paused_for and num_running <= self.max_running
 
-    def wants_known_tokens(self, running) -> bool:
+    def wants_known_tokens(self, running, lockstep_anyway: bool = False) -> bool:
         """Under async scheduling, once per launched step: whether the next step should carry drafts
         (and so be scheduled with every token known, not ahead of this one): the running requests
         ready to draft are expected to pay for the lockstep, or it is time to let them try again
-        (``EXPLORE_STEPS``), and drafting has paid at this batch size (payoff.py)."""
-        self.allow_drafts = self._drafts_pay(running)
+        (``EXPLORE_STEPS``), and drafting has paid at this batch size (payoff.py).
+        ``lockstep_anyway``: the next step is scheduled with every token known whatever this says
+        (a request with penalties runs): drafts then cost no overlap, and any ready request drafts."""
+        self.allow_drafts = self._drafts_pay(running, lockstep_anyway)
         return self.allow_drafts
 
-    def _drafts_pay(self, running) -> bool:
+    def _drafts_pay(self, running, lockstep_anyway: bool) -> bool:
         if not self.active(len(running)):
             return False
         ready, expected = False, 0.0
@@ -108,7 +110,11 @@ class DraftPolicy:
             if r.draft_wait == 0 and r.num_computed_tokens >= len(r.prompt_token_ids):
                 ready = True
                 expected += PRIOR_YIELD if r.draft_yield is None else r.draft_yield
-        if not ready or not self.payoff.prefers_drafts(len(running)):
+        if not ready:
+            return False
+        if lockstep_anyway:
+            return True
+        if not self.payoff.prefers_drafts(len(running)):
             return False
         if expected >= MIN_GAIN_PER_REQUEST * (len(running) - 1) or self._steps_since_lockstep >= EXPLORE_STEPS:
             self._steps_since_lockstep = 0

@@ -44,7 +44,7 @@ from aioinfer.config import SpeculativeConfig
 from aioinfer.spec_decode.ngram import NgramIndex
 from aioinfer.spec_decode.payoff import DraftPayoff
 
-# Measured on the H200 (SmolLM2-135M, bf16, k = 4 and 8): batches of 16 gained 18-34 % with drafts,
+# Measured on the H200 (SmolLM2-135M, bf16, k = 4 and 8): batches of 16 gained 9-34 % with drafts,
 # batches of 32 lost 6-29 % (a step for drafts cost 2.99 ms against 1.26 ms ahead); in float32 the
 # gain held up to 32. Above this many running requests, speculation stands aside.
 DEFAULT_MAX_RUNNING = 16

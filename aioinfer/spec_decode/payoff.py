@@ -52,14 +52,22 @@ class _Rate:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+class _Bucket:
+    """One bucket of batch sizes: the rate of each kind of step, and the current choice's re-tries."""
+
+    __slots__ = ("drafting", "ahead", "choice", "period", "since", "trying")
+
+    def __init__(self) -> None:
+        self.drafting, self.ahead = _Rate(), _Rate()
+        self.choice: bool | None = None
+        self.period = EXPLORE_MIN
+        self.since = 0  # decisions since the other kind was last tried
+        self.trying = 0  # decisions left in a try of the losing kind
+
+
 class DraftPayoff:
     def __init__(self) -> None:
-        self._drafting: dict[int, _Rate] = {}
-        self._ahead: dict[int, _Rate] = {}
-        self._since: dict[int, int] = {}  # decisions since the other kind was last tried
-        self._period: dict[int, int] = {}
-        self._choice: dict[int, bool] = {}
-        self._trying: dict[int, int] = {}  # decisions left in a try of the losing kind
+        self._buckets: dict[int, _Bucket] = {}
 
     @staticmethod
     def bucket(num_running: int) -> int:
@@ -69,47 +77,43 @@ class DraftPayoff:
         shift = num_running.bit_length() - 2
         return (num_running >> shift) << shift
 
+    def _get(self, num_running: int) -> _Bucket:
+        key = self.bucket(num_running)
+        found = self._buckets.get(key)
+        if found is None:
+            found = self._buckets[key] = _Bucket()
+        return found
+
     def observe(self, num_running: int, lockstep: bool, num_tokens: int, seconds: float) -> None:
         """A decode step's output tokens and the seconds since the step before it ended; ``lockstep``:
         it was scheduled with every token known (for drafts) rather than ahead."""
         if not 0.0 < seconds <= MAX_STEP_SECONDS:
             return
-        rates = self._drafting if lockstep else self._ahead
-        bucket = self.bucket(num_running)
-        rate = rates.get(bucket)
-        if rate is None:
-            rate = rates[bucket] = _Rate()
-        rate.add(num_tokens / num_running, seconds)
+        b = self._get(num_running)
+        (b.drafting if lockstep else b.ahead).add(num_tokens / num_running, seconds)
 
     def prefers_drafts(self, num_running: int) -> bool:
         """Whether the next step should be scheduled for drafts; one call per decision."""
         if num_running <= ALWAYS_DRAFT_UP_TO:
             return True
-        bucket = self.bucket(num_running)
-        drafting, ahead = self._drafting.get(bucket), self._ahead.get(bucket)
-        if drafting is None or drafting.steps < MIN_STEPS:
+        b = self._buckets.get(self.bucket(num_running))
+        if b is None or b.drafting.steps < MIN_STEPS:
             return True  # learn what drafts pay here
-        if ahead is None or ahead.steps < MIN_STEPS:
+        if b.ahead.steps < MIN_STEPS:
             return False  # ... and what the overlap does
-        best = drafting.per_second > ahead.per_second
-        if self._choice.get(bucket) != best:  # the choice changed: try the other kind soon
-            self._choice[bucket] = best
-            self._period[bucket] = EXPLORE_MIN
-            self._since[bucket] = self._trying[bucket] = 0
-        if self._trying[bucket]:
-            self._trying[bucket] -= 1
+        best = b.drafting.per_second > b.ahead.per_second
+        if b.choice != best:  # the choice changed: try the other kind soon
+            b.choice, b.period, b.since, b.trying = best, EXPLORE_MIN, 0, 0
+        if b.trying:
+            b.trying -= 1
             return not best
-        since = self._since[bucket] = self._since[bucket] + 1
-        if since >= self._period[bucket]:
-            self._since[bucket] = 0
-            self._period[bucket] = min(2 * self._period[bucket], EXPLORE_MAX)
-            self._trying[bucket] = MIN_STEPS - 1
+        b.since += 1
+        if b.since >= b.period:
+            b.since, b.period, b.trying = 0, min(2 * b.period, EXPLORE_MAX), MIN_STEPS - 1
             return not best
         return best
 
     def rates(self) -> dict[int, tuple[float, float]]:
         """Per bucket (named by its smallest batch size): tokens/s per running request (drafting,
         ahead), for logs and benchmarks."""
-        buckets = sorted(set(self._drafting) | set(self._ahead))
-        return {b: (self._drafting[b].per_second if b in self._drafting else 0.0,
-                    self._ahead[b].per_second if b in self._ahead else 0.0) for b in buckets}
+        return {key: (b.drafting.per_second, b.ahead.per_second) for key, b in sorted(self._buckets.items())}

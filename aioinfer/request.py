@@ -77,6 +77,9 @@ class Request:
     ngram_index: Optional[object] = None  # its NgramIndex, built at its first draft attempt
     num_draft_tokens_total: int = 0  # drafts verified over its life
     num_accepted_tokens_total: int = 0  # of those, accepted
+    # Structured outputs: its llguidance matcher (structured_output/compiler.py), advanced by the model
+    # runner with every token it samples; None without a constraint.
+    grammar: Optional[object] = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -6,6 +6,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from aioinfer.structured_output.params import StructuredOutputsParams
+
 _GREEDY_EPSILON = 1e-5  # temperatures below this are treated as greedy, as in vLLM
 
 
@@ -32,6 +34,8 @@ class SamplingParams:
     logprobs: Optional[int] = None  # top-N logprobs per generated token (the sampled one always included)
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    # The output must match a JSON schema, regex, choice or grammar (a dict is taken as its fields).
+    structured_outputs: Optional[StructuredOutputsParams] = None
     # Filled in by the engine from the tokenizer / generation_config; not user-facing.
     _eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
 
@@ -48,6 +52,11 @@ class SamplingParams:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             except (TypeError, ValueError, AttributeError) as exc:
                 raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}") from exc
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        elif self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}")
         self._validate()
         if self.temperature < _GREEDY_EPSILON:
             # Greedy: the other sampling knobs do not apply.

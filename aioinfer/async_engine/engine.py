@@ -250,6 +250,13 @@ class Engine:
         self._check_open()
         return self._inputs.tokenize(prompt)[1]
 
+    async def prepare_structured_output(self, params) -> None:
+        """Compile a ``StructuredOutputsParams``' grammar in a worker thread and cache it, so that
+        ``generate`` with it does not compile on the event loop (it would, briefly, without this
+        call). Raises ``InvalidGrammarError`` (a ValueError) for a schema or grammar that does not compile."""
+        self._check_open()
+        await anyio.to_thread.run_sync(self._inputs.grammars.compile, params)
+
     def generate(
         self,
         prompt: Prompt,

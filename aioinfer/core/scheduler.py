@@ -403,6 +403,7 @@ class Scheduler:
                 sampling_params=request.sampling_params,
                 seed=request.seed,
                 eos_token_ids=request.eos_token_ids,
+                grammar=request.grammar,
             ))
         end = start + num_new
         # Positions past the known tokens hold the token still in flight: PLACEHOLDER_TOKEN, which

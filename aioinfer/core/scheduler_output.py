@@ -17,6 +17,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     seed: int  # effective sampling seed
     eos_token_ids: tuple[int, ...]
+    grammar: Optional[object] = None  # structured outputs: the request's matcher (Request.grammar)
 
 
 @dataclass(slots=True)

@@ -182,6 +182,11 @@ class DataParallelEngine:
         self._check_open()
         return self._replicas[0].tokenize(prompt)
 
+    async def prepare_structured_output(self, params) -> None:
+        """``Engine.prepare_structured_output`` on every replica (each keeps its own grammar cache)."""
+        for replica in self._replicas:
+            await replica.prepare_structured_output(params)
+
     def generate(self, prompt: Prompt, sampling_params: Optional[SamplingParams] = None, *,
                  request_id: Optional[str] = None, priority: int = 0,
                  deadline: Optional[float] = None, cache_salt: Optional[str] = None,

@@ -57,9 +57,11 @@ class EngineCore:
                                  else config.async_scheduling)
         self._in_flight = None  # (SchedulerOutput, launched step) not yet collected
         self._last_step_end = None  # perf_counter at the end of the last step (speculation's payoff)
-        # Added requests with penalties and not yet seen finished: usually none, so the per-step
-        # schedule-ahead test need not scan every running request (~0.25 us each, every step).
-        self._with_penalties: list[Request] = []
+        # Added requests that need every token on the host before their next step (penalties, a
+        # grammar) and not yet seen finished: usually none, so the per-step schedule-ahead test need
+        # not scan every running request (~0.25 us each, every step).
+        self._needs_known_tokens: list[Request] = []
+        self._tensor_parallel = tensor_parallel
 
     def shutdown(self) -> None:
         """Release what outlives a step: the tensor-parallel worker processes (nothing at tp=1). Idempotent."""
@@ -68,9 +70,12 @@ class EngineCore:
             close()
 
     def add_request(self, request: Request) -> None:
+        if request.grammar is not None and self._tensor_parallel:
+            # Every rank samples the same tokens, so every rank would need the same mask.
+            raise ValueError("structured outputs are not supported with tensor_parallel_size > 1 yet")
         self.scheduler.add_request(request)
-        if _has_penalties(request.sampling_params):
-            self._with_penalties.append(request)
+        if request.grammar is not None or _has_penalties(request.sampling_params):
+            self._needs_known_tokens.append(request)
 
     def finish_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> list[str]:
         """Abort (or stop) requests; their blocks are free when this returns. Returns the ids that were open."""
@@ -132,21 +137,22 @@ class EngineCore:
         return self.scheduler.update(scheduler_output, self.runner.collect(launched))
 
     def _can_schedule_ahead(self, launched: SchedulerOutput) -> bool:
-        # Penalties read the content of every generated token, which is still on the device. The
+        # Penalties read the content of every generated token, which is still on the device, and a
+        # grammar's mask follows every token before it (worker/grammar_mask.py). The
         # scheduler's running set is exactly its requests with status RUNNING (check_invariants).
-        penalised = False
-        if self._with_penalties:
-            self._with_penalties = [r for r in self._with_penalties if not r.status.finished]
-            penalised = any(r.status == RequestStatus.RUNNING for r in self._with_penalties)
+        lockstep_needed = False
+        if self._needs_known_tokens:
+            self._needs_known_tokens = [r for r in self._needs_known_tokens if not r.status.finished]
+            lockstep_needed = any(r.status == RequestStatus.RUNNING for r in self._needs_known_tokens)
         # Drafts: the next step needs to know how many were accepted, and a request can only draft
         # once its last token is known, so speculation that wants to run keeps the steps in lockstep.
         # The policy decides after every step, one with drafts too (whose successor is in lockstep
-        # anyway), whether the next may carry drafts; under penalties they cost no overlap.
+        # anyway), whether the next may carry drafts; in a lockstep batch they cost no overlap.
         policy = self.scheduler.draft_policy
-        if policy is not None and (policy.wants_known_tokens(self.scheduler.running, lockstep_anyway=penalised)
+        if policy is not None and (policy.wants_known_tokens(self.scheduler.running, lockstep_anyway=lockstep_needed)
                                    or launched.num_draft_tokens):
             return False
-        return not penalised
+        return not lockstep_needed
 
 
 def _has_penalties(params) -> bool:

@@ -20,6 +20,16 @@ class InputProcessor:
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self._seeds = random.Random(seed)  # draws the seeds of requests that did not give one
+        self._grammars = None  # GrammarCompiler, made for the first request with structured outputs
+
+    @property
+    def grammars(self):
+        """The compiler of structured outputs for this tokenizer (structured_output/compiler.py)."""
+        if self._grammars is None:
+            from aioinfer.structured_output.compiler import GrammarCompiler
+
+            self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return self._grammars
 
     def tokenize(self, prompt: PromptInput) -> tuple[Optional[str], list[int]]:
         """Returns (prompt text or None, prompt token ids); raises ValueError on bad input."""
@@ -59,6 +69,9 @@ class InputProcessor:
                     f"has {num_prompt} tokens, which leaves no room for the completion.")
         else:
             max_tokens = params.max_tokens
+        # Its own matcher (a copy of the cached one): raises InvalidGrammarError before anything is queued.
+        grammar = (self.grammars.compile(params.structured_outputs)
+                   if params.structured_outputs is not None else None)
         return Request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -69,4 +82,5 @@ class InputProcessor:
             priority=priority,
             cache_salt=cache_salt,
             seed=params.seed if params.seed is not None else self._seeds.getrandbits(63),
+            grammar=grammar,
         )

@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -18,6 +18,7 @@ from aioinfer.config import EngineConfig
 from aioinfer.core.scheduler_output import RunnerOutput, SchedulerOutput, TokenLogprobs
 from aioinfer.core.kv_cache_manager import cdiv
 from aioinfer.worker.cuda_graphs import CudaGraphRunner, graph_buckets, token_buckets
+from aioinfer.worker.grammar_mask import GrammarMasks
 from aioinfer.worker.input_buffers import InputBuffers, StepInputs
 from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches, choose_num_blocks
 from aioinfer.worker.sampler import Sampler, SamplerOutput
@@ -85,6 +86,8 @@ class ModelRunner:
                 logger.warning("CUDA graph capture failed, decode runs eager: %s", exc)
                 self.graphs = None
         self.sampler = Sampler()
+        self.grammar_masks = GrammarMasks(self.vocab_size, device)
+        self._num_grammars = 0  # live states with a grammar: steps without any skip the scan for them
         # What the runner remembers of each request between steps: its sampling row itself, kept and
         # updated in place (output tokens, pending count) rather than rebuilt for every step.
         self._states: dict[str, SamplingRow] = {}
@@ -118,7 +121,9 @@ class ModelRunner:
         in on the device from that launch's sampled ids.
         """
         for request_id in scheduler_output.finished_request_ids:
-            self._states.pop(request_id, None)
+            state = self._states.pop(request_id, None)
+            if state is not None and state.grammar is not None:
+                self._num_grammars -= 1
         self.inputs.forget(scheduler_output.finished_request_ids)
         for new in scheduler_output.new_requests:
             self._states[new.request_id] = SamplingRow(
@@ -127,7 +132,10 @@ class ModelRunner:
                 output_token_ids=[],
                 seed=new.seed,
                 eos_token_ids=new.eos_token_ids,
+                grammar=new.grammar,
             )
+            if new.grammar is not None:
+                self._num_grammars += 1
         self._run_swaps(scheduler_output)
         if scheduler_output.is_empty:
             return _Launched(None, None, [], [])
@@ -159,6 +167,10 @@ class ModelRunner:
         # build reads the rows now and keeps nothing of them, so the live states serve as this step's rows.
         states = [self._states[request_id] for request_id in inputs.sampled_request_ids]
         drafts = inputs.draft_token_ids
+        # Structured outputs: the masks are computed here, with the forward already enqueued.
+        mask = self.grammar_masks.fill(states, drafts) if self._num_grammars else None
+        if mask is not None:
+            logits = self.grammar_masks.apply(logits, mask)
         if drafts is None:
             metadata = SamplingMetadata.build(states, logits.shape[1], self.device)
         else:
@@ -173,7 +185,8 @@ class ModelRunner:
                                {rid: row for row, rid in enumerate(inputs.sampled_request_ids)})
                               if drafts is None else (None, {}))
         host, ready = _copy_to_host(result)
-        return _Launched(host, ready, inputs.sampled_request_ids, states, drafts)
+        return _Launched(host, ready, inputs.sampled_request_ids, states, drafts,
+                         mask.grammar_states if mask is not None else ())
 
     def collect(self, launched: "_Launched") -> RunnerOutput:
         """Wait for a launched step's sampled ids: the step's one device-to-host sync."""
@@ -189,6 +202,8 @@ class ModelRunner:
         for state, token_id in zip(launched.states, token_ids):
             state.output_token_ids.append(token_id)
             state.num_pending_tokens -= 1
+        for i in launched.grammar_states:
+            _advance(launched.states[i], [token_ids[i]])
         return RunnerOutput(
             sampled_request_ids=launched.request_ids,
             sampled_token_ids=token_ids,
@@ -236,6 +251,7 @@ class _Launched:
     request_ids: list[str]
     states: list[SamplingRow]
     drafts: Optional[list[list[int]]] = None  # per request its verified drafts ([] for none); None: no drafts
+    grammar_states: Sequence[int] = ()  # indices of ``states`` whose matcher takes the sampled tokens
 
 
 def _verification_rows(states: list[SamplingRow], drafts: list[list[int]]) -> tuple[list[SamplingRow], list[int]]:
@@ -291,8 +307,20 @@ def _verify(launched: _Launched, rows: list[int]) -> RunnerOutput:
         at += len(drafts) + 1
         state.output_token_ids.extend(sampled[:num_accepted + 1])
         state.num_pending_tokens -= 1
+        if state.grammar is not None:
+            _advance(state, sampled[:num_accepted + 1])
     return RunnerOutput(sampled_request_ids=launched.request_ids, sampled_token_ids=first, logprobs=logprobs,
                         accepted_token_ids=accepted, accepted_logprobs=accepted_logprobs or None)
+
+
+def _advance(state: SamplingRow, token_ids: list[int]) -> None:
+    """Structured outputs: the matcher takes the request's new tokens (sampled under its mask, so they
+    fit; a failure means a bug, and the matcher's error state then allows EOS only)."""
+    if state.grammar.is_stopped():  # complete: only EOS was allowed (and taken, unless ignore_eos)
+        return
+    if not state.grammar.consume_tokens(token_ids):
+        logger.error("structured outputs: the grammar rejected sampled tokens %s: %s", token_ids,
+                     state.grammar.get_error())
 
 
 def _copy_to_host(result: SamplerOutput) -> tuple[SamplerOutput, Optional[torch.cuda.Event]]:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from typing_extensions import TypedDict  # pydantic needs this one below Python 3.12
 
 from aioinfer.entrypoints.chat_content import check_part, content_text
+from aioinfer.entrypoints.openai.structured import StructuredFields
 
 _LOGPROBS_MAX = 20
 
@@ -27,8 +28,9 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False  # vLLM: usage in every chunk
 
 
-class _SamplingFields(_Strict):
-    """Fields shared by completions and chat (OpenAI's and vLLM's common extras)."""
+class _SamplingFields(_Strict, StructuredFields):
+    """Fields shared by completions and chat (OpenAI's and vLLM's common extras; the structured-output
+    ones in structured.py)."""
 
     model: Optional[str] = None  # optional as in vLLM: absent means the served model
     temperature: Optional[float] = Field(default=None, ge=0)

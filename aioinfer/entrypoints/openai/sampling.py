@@ -6,6 +6,7 @@ from typing import Any, Mapping, Optional
 
 from aioinfer.entrypoints.openai.errors import APIError, bad_request
 from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from aioinfer.entrypoints.openai.structured import structured_outputs_of
 from aioinfer.sampling_params import SamplingParams
 
 # Fields whose default, when the request leaves them out, may come from the model's
@@ -67,6 +68,7 @@ def _build(req: _SamplingFields, model_defaults: Optional[Mapping[str, Any]], *,
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
+        structured_outputs=structured_outputs_of(req),
     )
     try:
         return SamplingParams(**kwargs)

@@ -1,0 +1,74 @@
+"""What a request's output must match (vLLM's ``StructuredOutputsParams``), validated on construction."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from aioinfer.errors import AioinferError
+
+
+class InvalidGrammarError(AioinferError, ValueError):
+    """The schema, regex, choice list or grammar cannot constrain this model's output (HTTP 400)."""
+
+
+_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(slots=True)
+class StructuredOutputsParams:
+    """Exactly one of ``json`` (a JSON schema, dict or string), ``regex``, ``choice`` (the output is one
+    of these strings), ``grammar`` (Lark, or llama.cpp's GBNF) or ``json_object`` (any JSON object).
+
+    JSON is written compactly by default, ``", "`` and ``": "`` between items and keys and no other
+    whitespace: small models given free whitespace can emit newlines until ``max_tokens``.
+    ``whitespace_pattern`` (a regex) allows other whitespace; ``disable_any_whitespace`` writes
+    ``","`` and ``":"`` only.
+    """
+
+    json: Union[str, dict, None] = None
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    disable_any_whitespace: bool = False
+    whitespace_pattern: Optional[str] = None
+    disable_fallback: bool = False  # accepted for vLLM compatibility: there is one backend, no fallback
+
+    def __post_init__(self) -> None:
+        given = [kind for kind in _KINDS if getattr(self, kind) not in (None, False)]
+        if len(given) != 1:
+            raise InvalidGrammarError(
+                "structured outputs need exactly one of json, regex, choice, grammar or json_object, got "
+                + (", ".join(given) if given else "none"))
+        if isinstance(self.json, str):
+            try:
+                self.json = json.loads(self.json)
+            except ValueError as exc:
+                raise InvalidGrammarError(f"the JSON schema is not valid JSON: {exc}") from exc
+        if self.json is not None and not isinstance(self.json, (dict, bool)):
+            raise InvalidGrammarError(f"a JSON schema must be an object, got {type(self.json).__name__}")
+        if self.regex is not None and not isinstance(self.regex, str):
+            raise InvalidGrammarError("regex must be a string")
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
+            raise InvalidGrammarError("grammar must be a non-empty string")
+        if self.choice is not None:
+            if (not isinstance(self.choice, (list, tuple)) or not self.choice
+                    or not all(isinstance(c, str) and c for c in self.choice)):
+                raise InvalidGrammarError("choice must be a non-empty list of non-empty strings")
+            self.choice = list(self.choice)
+        if self.whitespace_pattern is not None and not isinstance(self.whitespace_pattern, str):
+            raise InvalidGrammarError("whitespace_pattern must be a string")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint: "json", "regex", "choice", "grammar" or "json_object"."""
+        return next(kind for kind in _KINDS if getattr(self, kind) not in (None, False))
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """Equal for requests that compile to the same grammar (the compiler's cache key)."""
+        spec = self.json if self.kind == "json" else getattr(self, self.kind)
+        text = json.dumps(spec, sort_keys=True) if isinstance(spec, (dict, list, bool)) else spec
+        return (self.kind, text, self.disable_any_whitespace, self.whitespace_pattern)

@@ -1,0 +1,207 @@
+"""Structured outputs in the engine (llguidance): every output matches its schema, regex, choice or
+grammar, and a constrained request's tokens are the same on every scheduler path and alone as in a batch.
+
+Real models only (SmolLM2 and Qwen2.5-Coder GGUFs): a grammar needs the model's tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+
+from aioinfer import LLM, SamplingParams
+from aioinfer.structured_output import InvalidGrammarError, StructuredOutputsParams
+from aioinfer.structured_output.compiler import GrammarCompiler
+from aioinfer.worker.grammar_mask import GrammarMasks
+from aioinfer.worker.sampling_metadata import SamplingRow
+from json_schemas import schemas
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
+          "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]{2,8}$"},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "city": {"type": "string", "maxLength": 20}}}
+TEXT = "Alice Smith is 34 years old and lives in Paris. Bob Jones is 51 and lives in Rome. "
+WORDS = r"[A-Za-z ]{1,60}\."  # no digits: n-gram drafts copying "34" or "51" break it
+
+
+def _chat(tokenizer, content: str) -> list[int]:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _llm(path, **kwargs) -> LLM:
+    return LLM(model=str(path), dtype="float32", device="cpu", max_model_len=2048, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_gguf):
+    return _llm(smollm2_gguf)
+
+
+# ----------------------------------------------------------------------------- params and compiler
+
+def test_params_need_exactly_one_constraint():
+    with pytest.raises(InvalidGrammarError, match="exactly one"):
+        StructuredOutputsParams()
+    with pytest.raises(InvalidGrammarError, match="json, regex"):
+        StructuredOutputsParams(json={"type": "object"}, regex="a+")
+    with pytest.raises(InvalidGrammarError, match="not valid JSON"):
+        StructuredOutputsParams(json="{not json")
+    with pytest.raises(InvalidGrammarError, match="choice"):
+        StructuredOutputsParams(choice=[])
+    assert StructuredOutputsParams(json='{"type": "integer"}').json == {"type": "integer"}
+    params = SamplingParams(structured_outputs={"choice": ["a", "b"]})
+    assert params.structured_outputs.choice == ["a", "b"]
+    assert params.clone().structured_outputs.key == params.structured_outputs.key
+    with pytest.raises(ValueError, match="structured_outputs"):
+        SamplingParams(structured_outputs="a+")
+
+
+def test_compile_errors_name_what_is_wrong(smollm2_tokenizer):
+    compiler = GrammarCompiler(smollm2_tokenizer, 49152, [2])
+    for params, message in [(StructuredOutputsParams(regex="a(b"), "invalid regex"),
+                            (StructuredOutputsParams(json={"type": "foo"}), "invalid JSON schema"),
+                            (StructuredOutputsParams(grammar="start: foo"), "invalid grammar")]:
+        with pytest.raises(InvalidGrammarError, match=message):
+            compiler.compile(params)
+
+
+def test_each_request_gets_its_own_matcher(smollm2_tokenizer):
+    compiler = GrammarCompiler(smollm2_tokenizer, 49152, [2])
+    first, second = (compiler.compile(StructuredOutputsParams(json=PERSON)) for _ in range(2))
+    ids = smollm2_tokenizer.encode('{"name": "Bob"', add_special_tokens=False)
+    assert first.consume_tokens(ids)
+    assert second.validate_tokens(ids) == len(ids)  # still at the start: the cache hands out copies
+    assert not second.validate_tokens(smollm2_tokenizer.encode("hello", add_special_tokens=False))
+
+
+def test_masks_allow_exactly_the_grammar_tokens(smollm2_tokenizer):
+    """fill + apply on three rows, the middle one unconstrained: -inf exactly where the matcher says no."""
+    vocab = 49152
+    compiler = GrammarCompiler(smollm2_tokenizer, vocab, [2])
+    matchers = [compiler.compile(StructuredOutputsParams(choice=["yes", "no"])),
+                compiler.compile(StructuredOutputsParams(regex=r"\d+"))]
+    rows = [SamplingRow(SamplingParams(), [1], [], 0, (2,), grammar=matchers[0]),
+            SamplingRow(SamplingParams(), [1], [], 0, (2,)),
+            SamplingRow(SamplingParams(), [1], [], 0, (2,), grammar=matchers[1])]
+    masks = GrammarMasks(vocab, torch.device("cpu"))
+    logits = torch.randn(3, vocab)
+    expected = logits.clone()
+    out = masks.apply(logits.clone(), masks.fill(rows, None))
+    for row, matcher in ((0, matchers[0]), (2, matchers[1])):
+        allowed = [t for t in range(vocab) if matcher.validate_tokens([t]) == 1]
+        assert torch.isfinite(out[row]).nonzero().flatten().tolist() == allowed
+        assert torch.equal(out[row, allowed], expected[row, allowed])
+    assert torch.equal(out[1], expected[1])
+    digit = smollm2_tokenizer.encode("7", add_special_tokens=False)
+    assert torch.isfinite(out[2, digit]).all() and not torch.isfinite(out[0, digit]).any()
+
+
+# ----------------------------------------------------------------------------- outputs match
+
+def test_fifty_generated_schemas_all_validate(smollm2):
+    """Nested objects, arrays, enums, required fields, bounded numbers, patterned strings: every greedy
+    output parses and validates; three of them run alone give the same tokens as in the batch."""
+    tokenizer = smollm2.get_tokenizer()
+    generated = schemas(50)
+    prompts = [_chat(tokenizer, "Give one example JSON value for this schema: " + json.dumps(s)) for s in generated]
+    params = [SamplingParams(temperature=0, max_tokens=256, structured_outputs=StructuredOutputsParams(json=s))
+              for s in generated]
+    outputs = smollm2.generate(prompts, params, use_tqdm=False)
+    for schema, output in zip(generated, outputs):
+        completion = output.outputs[0]
+        assert completion.finish_reason == "stop", completion.text
+        jsonschema.validate(json.loads(completion.text), schema)
+    for i in (0, 17, 42):
+        alone = smollm2.generate([prompts[i]], params[i], use_tqdm=False)[0].outputs[0]
+        assert alone.token_ids == outputs[i].outputs[0].token_ids
+
+
+def test_regex_choice_and_grammar_outputs_match_when_sampled(smollm2):
+    tokenizer = smollm2.get_tokenizer()
+    prompt = _chat(tokenizer, "Name a colour and a number.")
+    cases = [(StructuredOutputsParams(regex=r"[A-Z][a-z]{2,8} \d{2}"),
+              lambda s: re.fullmatch(r"[A-Z][a-z]{2,8} \d{2}", s)),
+             (StructuredOutputsParams(choice=["red", "green", "blue sky"]), lambda s: s in ("red", "green", "blue sky")),
+             (StructuredOutputsParams(grammar='start: "colour: " COLOUR ("," " " COLOUR)*\nCOLOUR: "red" | "green"'),
+              lambda s: re.fullmatch(r"colour: (red|green)(, (red|green))*", s)),
+             (StructuredOutputsParams(json_object=True), lambda s: isinstance(json.loads(s), dict))]
+    for constraint, matches in cases:
+        params = SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=48, structured_outputs=constraint)
+        output = smollm2.generate([prompt], params, use_tqdm=False)[0]
+        for completion in output.outputs:
+            if constraint.kind != "json_object" or completion.finish_reason == "stop":
+                assert matches(completion.text), (constraint.kind, completion.text)
+
+
+def test_invalid_constraint_raises_and_queues_nothing(smollm2):
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(json={"type": "object", "minProperties": "x"}))
+    with pytest.raises(InvalidGrammarError, match="JSON schema"):
+        smollm2.generate(["hello", "world"], [SamplingParams(), params], use_tqdm=False)
+    assert not smollm2.engine.has_unfinished()
+
+
+# ----------------------------------------------------------------------------- every scheduler path
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+PATHS = {
+    "chunked prefill": {"max_num_batched_tokens": 32},
+    "preemption by recompute": {"num_kv_blocks": 48, "block_size": 4},
+    "preemption by swap": {"num_kv_blocks": 48, "block_size": 4, "preemption_mode": "swap", "swap_space_gib": 0.05},
+    "async scheduling": {"async_scheduling": True},
+    "speculation": {"speculative_config": SPEC},
+    "speculation, async, preempting": {"speculative_config": SPEC, "async_scheduling": True, "num_kv_blocks": 48,
+                                       "block_size": 4},
+}
+
+
+@pytest.fixture(scope="module")
+def mixed_batch(smollm2):
+    """Constrained and free requests side by side (one with a penalty); greedy outputs of the default path."""
+    tokenizer = smollm2.get_tokenizer()
+    copy = _chat(tokenizer, TEXT * 2 + "Repeat the first sentence.")
+    requests = [(copy, StructuredOutputsParams(regex=WORDS), {}),
+                (copy, None, {}),
+                (_chat(tokenizer, TEXT + "Give Alice as JSON."), StructuredOutputsParams(json=PERSON), {}),
+                (_chat(tokenizer, TEXT + "Who is older?"), StructuredOutputsParams(choice=["Alice", "Bob"]), {}),
+                (_chat(tokenizer, TEXT + "Give Bob as JSON."), StructuredOutputsParams(json=PERSON),
+                 {"repetition_penalty": 1.2}),
+                (_chat(tokenizer, "Write a haiku."), None, {"repetition_penalty": 1.2})]
+    prompts = [r[0] for r in requests]
+    params = [SamplingParams(temperature=0, max_tokens=40, structured_outputs=so, **extra) for _, so, extra in requests]
+    reference = [o.outputs[0].token_ids for o in smollm2.generate(prompts, params, use_tqdm=False)]
+    assert re.fullmatch(WORDS, tokenizer.decode(reference[0], skip_special_tokens=True))
+    return prompts, params, reference
+
+
+@pytest.mark.parametrize("path_name", list(PATHS))
+def test_constrained_tokens_identical_on_every_path(smollm2_gguf, mixed_batch, path_name):
+    prompts, params, reference = mixed_batch
+    llm = _llm(smollm2_gguf, **PATHS[path_name])
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == reference
+    if "preemption" in path_name:
+        assert llm.engine.scheduler.num_preemptions > 0
+    if "speculation" in path_name:
+        # The regex request drafted: most drafts of its copied sentence were accepted, and the
+        # grammar rejected the drafts that would copy the digits.
+        metrics = outputs[0].metrics
+        assert 0 < metrics["num_accepted_tokens"] < metrics["num_draft_tokens"]
+
+
+@pytest.mark.slow
+def test_qwen25_schemas_validate(qwen25_coder_gguf):
+    llm = _llm(qwen25_coder_gguf, max_num_batched_tokens=2048)
+    tokenizer = llm.get_tokenizer()
+    generated = schemas(8, seed=5)
+    prompts = [_chat(tokenizer, "Give one example JSON value for this schema: " + json.dumps(s)) for s in generated]
+    params = [SamplingParams(temperature=0, max_tokens=200, structured_outputs=StructuredOutputsParams(json=s))
+              for s in generated]
+    for schema, output in zip(generated, llm.generate(prompts, params, use_tqdm=False)):
+        assert output.outputs[0].finish_reason == "stop", output.outputs[0].text
+        jsonschema.validate(json.loads(output.outputs[0].text), schema)

@@ -1,9 +1,9 @@
 """Compiles StructuredOutputsParams into llguidance matchers for one tokenizer, with a cache by grammar.
 
 Each request gets its own matcher (a ``deep_copy`` of the cached one: parsing and checking the
-grammar happen once per distinct grammar). llguidance builds its lexer lazily, so construction is
-cheap and the first masks of a new grammar cost a little more than later ones; construction drops
-the GIL, which is why the server compiles in a worker thread (``Engine.prepare_structured_output``).
+grammar happen once per distinct grammar). llguidance builds its lexer lazily, so the compiler computes the template's first mask
+(most of that work, shared by its copies); construction and masks drop the GIL, which is why the
+server compiles in a worker thread (``Engine.prepare_structured_output``).
 """
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self.llg_tokenizer(), grammar, log_level=0)
         if matcher.is_error():
             raise InvalidGrammarError(f"invalid {name}: {matcher.get_error()}")
+        # The first mask builds the lexer's start (its copies share what it built): computed here, that
+        # cost stays in the compiling thread, off the step loop.
+        matcher.compute_bitmask()
         return matcher
 
 

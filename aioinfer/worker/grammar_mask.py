@@ -57,20 +57,21 @@ class GrammarMasks:
             num_rows += width
         if not entries:
             return None
-        import llguidance.torch as llg_torch
-
         if self._executor is None:
             import llguidance
 
             self._executor = llguidance.LLExecutor()
         pinned = self.device.type == "cuda"
         host = torch.full((len(rows), self.num_words), -1, dtype=torch.int32, pin_memory=pinned)
+        # The executor writes row k of the mask at data_ptr + k * row bytes (llguidance.torch's helpers
+        # do the same, but importing that module costs seconds: it compiles a kernel with torch.compile).
         plain = [(m, at) for m, at, ds in entries if not ds]
         with_drafts = [entry for entry in entries if entry[2]]  # llguidance refuses an empty draft list
+        row_bytes = self.num_words * 4
         if plain:
-            llg_torch.fill_next_token_bitmask_par(self._executor, plain, host)
+            self._executor.unsafe_compute_mask_ptr(plain, host.data_ptr(), row_bytes, len(rows))
         if with_drafts:
-            llg_torch.fill_next_token_bitmask_par_with_draft_tokens(self._executor, with_drafts, host)
+            self._executor.unsafe_compute_mask_ptr_with_draft_token(with_drafts, host.data_ptr(), row_bytes, len(rows))
         bits = host.to(self.device, non_blocking=True) if pinned else host
         index = None if len(rows) == num_rows else host_to_device(rows, torch.int64, self.device)
         self.fill_seconds += time.perf_counter() - started
@@ -79,8 +80,14 @@ class GrammarMasks:
 
     def apply(self, logits: torch.Tensor, mask: StepMask) -> torch.Tensor:
         """Disallowed tokens' logits to -inf, in place ([N, V]; the rows without a grammar unchanged)."""
-        allowed = (mask.bits.unsqueeze(-1) & self._bit_values) != 0  # [G, W, 32]
-        allowed = allowed.view(allowed.shape[0], -1)[:, :logits.shape[1]]  # [G, V]
+        vocab = logits.shape[1]
+        if mask.bits.device.type == "cpu":
+            # NumPy unpacks bits in C (little-endian words: byte order is bit order), ~5x the torch ops.
+            unpacked = np.unpackbits(mask.bits.numpy().view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+            allowed = torch.from_numpy(unpacked).view(torch.bool)  # [G, V]
+        else:
+            allowed = (mask.bits.unsqueeze(-1) & self._bit_values) != 0  # [G, W, 32]
+            allowed = allowed.view(allowed.shape[0], -1)[:, :vocab]  # [G, V]
         if mask.rows is None:
             logits.masked_fill_(~allowed, float("-inf"))
         else:

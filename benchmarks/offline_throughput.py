@@ -50,6 +50,9 @@ def main() -> None:
     p.add_argument("--device", default=None, help="cuda (default when present) or cpu (smoke test)")
     p.add_argument("--timeout", type=float, default=900, help="seconds for aioinfer's child process")
     p.add_argument("--peer-timeout", type=float, default=900, help="seconds per peer's child process")
+    p.add_argument("--structured-json", action="store_true",
+                   help="every request constrained by a JSON schema (STRUCTURED_SCHEMA; needs a tokenizer: "
+                        "--engine-option tokenizer=PATH)")
     p.add_argument("--out", default=None, help="JSON results")
     add_engine_options(p)
     # Child-process mode (internal).
@@ -99,6 +102,8 @@ def main() -> None:
             common += ["--enable-prefix-caching", args.enable_prefix_caching]
         for option in args.engine_option:
             common += ["--engine-option", option]
+        if args.structured_json:
+            common += ["--structured-json"]
         common += ["--peers", ",".join(peers)] if peers else ["--skip-peers"]
         results: dict[str, Any] = {}
         for system in ["aioinfer", *peers]:
@@ -163,8 +168,17 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+# --structured-json: dummy weights pick tokens at random, so the schema must not let the output end
+# early (a closed document leaves only EOS, a mask that costs nothing); these strings never end, and
+# masks inside a JSON string are the common heavy case.
+STRUCTURED_SCHEMA = {"type": "object", "required": ["notes"], "additionalProperties": False,
+                     "properties": {"notes": {"type": "array", "minItems": 1000,
+                                              "items": {"type": "string", "minLength": 5000}}}}
+
+
 def run_aioinfer(args, device: str, requests, subset) -> dict[str, Any]:
     from aioinfer import SamplingParams
+    from aioinfer.structured_output import StructuredOutputsParams
     from benchmarks.common import fresh_cache_salt, make_llm
     from benchmarks.triton_compiles import TritonCompiles
 
@@ -182,7 +196,11 @@ def run_aioinfer(args, device: str, requests, subset) -> dict[str, Any]:
     init_s = time.perf_counter() - t0
 
     def generate(reqs) -> dict[str, Any]:
-        params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.0) for r in reqs]
+        constraint = StructuredOutputsParams(json=STRUCTURED_SCHEMA) if args.structured_json else None
+        params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.0,
+                                 structured_outputs=constraint) for r in reqs]
+        masks = getattr(llm.engine.runner, "grammar_masks", None)
+        fill_s, fills = (masks.fill_seconds, masks.num_fills) if masks is not None else (0.0, 0)
         _sync(device)
         with TritonCompiles() as compiles:
             start = time.perf_counter()
@@ -192,8 +210,10 @@ def run_aioinfer(args, device: str, requests, subset) -> dict[str, Any]:
         got = sum(len(o.outputs[0].token_ids) for o in outs)
         assert got == output_tokens(reqs), (got, output_tokens(reqs))
         # Kernel variants first met inside the timed run: their compiles are in ``seconds``.
-        return {"output_tokens": got, "seconds": seconds, "tok_per_s": got / seconds,
-                "triton_compiles": compiles.names}
+        out = {"output_tokens": got, "seconds": seconds, "tok_per_s": got / seconds, "triton_compiles": compiles.names}
+        if constraint is not None and masks is not None and masks.num_fills > fills:
+            out["mask_fill_ms_per_step"] = 1e3 * (masks.fill_seconds - fill_s) / (masks.num_fills - fills)
+        return out
 
     # Warm-up: first kernels, allocator, graph capture (when the engine has it).
     t0 = time.perf_counter()

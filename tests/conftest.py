@@ -36,6 +36,26 @@ def smollm2_gguf() -> Path:
         pytest.fail(f"cannot fetch the default model: {e}", pytrace=False)
 
 
+@pytest.fixture(scope="module")
+def smollm2_server(smollm2_gguf):
+    """``hypercorn aioinfer.app:app`` on the default model (float32, CPU, 2048 context), one per module;
+    its teardown asserts a clean SIGTERM exit."""
+    from server_process import start_server
+
+    proc = start_server({"AIOINFER_DEVICE": "cpu", "AIOINFER_DTYPE": "float32", "AIOINFER_MAX_MODEL_LEN": "2048"})
+    yield proc
+    assert proc.stop() == 0, proc.output()
+    proc.close_log()
+
+
+@pytest.fixture(scope="module")
+def smollm2_client(smollm2_server):
+    """The real openai client of ``smollm2_server``."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=smollm2_server.base_url, api_key="unused", max_retries=0)
+
+
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_gguf: Path):
     """The SmolLM2 fast tokenizer (byte-level BPE), read from the GGUF (~5 s, once)."""

@@ -316,7 +316,7 @@ def _table(model_len: int) -> list[tuple[str, str, object, int, str | None]]:
          400, None),
         ("chat-top-logprobs-without-logprobs", ch, {"messages": msg, "top_logprobs": 2}, 400, "top_logprobs"),
         ("chat-top-logprobs-too-many", ch, {"messages": msg, "logprobs": True, "top_logprobs": 30}, 400, "top_logprobs"),
-        ("chat-tools-unsupported", ch, {"messages": msg, "tools": []}, 400, "tools"),
+        ("chat-tools-empty", ch, {"messages": msg, "tools": []}, 400, "tools"),
         ("chat-too-long", ch, {"messages": msg, "max_completion_tokens": model_len}, 400, None),
         ("chat-unknown-model", ch, {"model": "gpt-9", "messages": msg}, 404, "model"),
         ("huge-body", c, {"prompt": "x" * 300_000}, 413, None),

@@ -6,7 +6,6 @@ import pytest
 from openai import OpenAI
 
 from aioinfer import LLM, SamplingParams
-from server_process import start_server
 
 pytestmark = pytest.mark.slow
 
@@ -16,11 +15,8 @@ PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_gguf):  # the fixture fetches the model into the cache the server reads too
-    proc = start_server({"AIOINFER_DEVICE": "cpu", "AIOINFER_DTYPE": "float32", "AIOINFER_MAX_MODEL_LEN": "2048"})
-    yield proc
-    assert proc.stop() == 0, proc.output()
-    proc.close_log()
+def server(smollm2_server):  # conftest.py: the default model, float32 on CPU
+    return smollm2_server
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,8 @@ import re
 import httpx
 import jsonschema
 import pytest
-from openai import BadRequestError, OpenAI
+from openai import BadRequestError
 from pydantic import BaseModel, Field
-
-from server_process import start_server
 
 MODEL = "SmolLM2-135M-Instruct"
 TEXT = "Alice Smith is 34 years old and lives in Paris."
@@ -28,25 +26,12 @@ class Person(BaseModel):
     city: str = Field(max_length=20)
 
 
-@pytest.fixture(scope="module")
-def server(smollm2_gguf):
-    proc = start_server({"AIOINFER_DEVICE": "cpu", "AIOINFER_DTYPE": "float32", "AIOINFER_MAX_MODEL_LEN": "2048"})
-    yield proc
-    assert proc.stop() == 0, proc.output()
-    proc.close_log()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-
-
 def _messages(content: str) -> list[dict]:
     return [{"role": "user", "content": content}]
 
 
-def test_parse_with_a_pydantic_model(client):
-    completion = client.chat.completions.parse(model=MODEL, messages=_messages(TEXT + " Give her as JSON."),
+def test_parse_with_a_pydantic_model(smollm2_client):
+    completion = smollm2_client.chat.completions.parse(model=MODEL, messages=_messages(TEXT + " Give her as JSON."),
                                                response_format=Person, temperature=0, max_tokens=80)
     message = completion.choices[0].message
     assert completion.choices[0].finish_reason == "stop"
@@ -55,7 +40,7 @@ def test_parse_with_a_pydantic_model(client):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_response_format_json_schema_and_json_object(client, stream):
+def test_response_format_json_schema_and_json_object(smollm2_client, stream):
     formats = [{"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True}},
                {"type": "json_object"}]
     for response_format in formats:
@@ -63,35 +48,35 @@ def test_response_format_json_schema_and_json_object(client, stream):
                     temperature=0, max_tokens=120,
                     response_format=response_format)
         if stream:
-            chunks = list(client.chat.completions.create(stream=True, **args))
+            chunks = list(smollm2_client.chat.completions.create(stream=True, **args))
             text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
             assert finish == ["stop"]
-            assert text == client.chat.completions.create(**args).choices[0].message.content  # same as not streamed
+            assert text == smollm2_client.chat.completions.create(**args).choices[0].message.content  # same as not streamed
         else:
-            text = client.chat.completions.create(**args).choices[0].message.content
+            text = smollm2_client.chat.completions.create(**args).choices[0].message.content
         value = json.loads(text)
         assert isinstance(value, dict)
         if response_format["type"] == "json_schema":
             jsonschema.validate(value, PERSON_SCHEMA)
 
 
-def test_vllm_extras_on_chat_and_completions(client):
-    choice = client.chat.completions.create(model=MODEL, messages=_messages("Is Paris in France?"), temperature=0,
+def test_vllm_extras_on_chat_and_completions(smollm2_client):
+    choice = smollm2_client.chat.completions.create(model=MODEL, messages=_messages("Is Paris in France?"), temperature=0,
                                             max_tokens=8, extra_body={"guided_choice": ["yes", "no"]})
     assert choice.choices[0].message.content in ("yes", "no")
     regex = r"\d{3}-\d{4}"
-    completion = client.completions.create(model=MODEL, prompt="Call me at ", max_tokens=12, temperature=0.8, seed=2,
+    completion = smollm2_client.completions.create(model=MODEL, prompt="Call me at ", max_tokens=12, temperature=0.8, seed=2,
                                            extra_body={"structured_outputs": {"regex": regex}})
     assert re.fullmatch(regex, completion.choices[0].text)
-    schema = client.completions.create(model=MODEL, prompt=TEXT + " As JSON:", max_tokens=60, temperature=0,
+    schema = smollm2_client.completions.create(model=MODEL, prompt=TEXT + " As JSON:", max_tokens=60, temperature=0,
                                        extra_body={"guided_json": PERSON_SCHEMA})
     jsonschema.validate(json.loads(schema.choices[0].text), PERSON_SCHEMA)
 
 
-def test_bad_constraints_are_400s_naming_the_field(client, server):
+def test_bad_constraints_are_400s_naming_the_field(smollm2_client, smollm2_server):
     with pytest.raises(BadRequestError) as info:
-        client.chat.completions.create(model=MODEL, messages=_messages("hi"), max_tokens=4,
+        smollm2_client.chat.completions.create(model=MODEL, messages=_messages("hi"), max_tokens=4,
                                        response_format={"type": "json_schema",
                                                         "json_schema": {"name": "x", "schema": {"type": "nonsense"}}})
     assert "invalid JSON schema" in info.value.message
@@ -100,7 +85,7 @@ def test_bad_constraints_are_400s_naming_the_field(client, server):
              ({"structured_outputs": {"regex": "a", "color": 1}}, "color", "structured_outputs"),
              ({"response_format": {"type": "xml"}}, "response_format", None)]
     for extra, message, param in cases:
-        response = httpx.post(server.base_url + "/chat/completions", timeout=60,
+        response = httpx.post(smollm2_server.base_url + "/chat/completions", timeout=60,
                               json={"model": MODEL, "messages": _messages("hi"), "max_tokens": 4, **extra})
         assert response.status_code == 400, response.text
         error = response.json()["error"]
@@ -108,14 +93,14 @@ def test_bad_constraints_are_400s_naming_the_field(client, server):
         if param is not None:
             assert error["param"] == param
     # The server still answers afterwards (nothing was queued or leaked by the failures).
-    ok = client.chat.completions.create(model=MODEL, messages=_messages("hi"), max_tokens=2, temperature=0)
+    ok = smollm2_client.chat.completions.create(model=MODEL, messages=_messages("hi"), max_tokens=2, temperature=0)
     assert ok.choices[0].finish_reason in ("stop", "length")
 
 
-def test_langchain_with_structured_output(server):
+def test_langchain_with_structured_output(smollm2_server):
     from langchain_openai import ChatOpenAI
 
-    chat = ChatOpenAI(model=MODEL, base_url=server.base_url, api_key="unused", temperature=0, max_tokens=120,
+    chat = ChatOpenAI(model=MODEL, base_url=smollm2_server.base_url, api_key="unused", temperature=0, max_tokens=120,
                       max_retries=0)
     prompt = TEXT + " Give her name, age and city as a JSON object."
     person = chat.with_structured_output(Person, method="json_schema").invoke(prompt)
@@ -123,3 +108,15 @@ def test_langchain_with_structured_output(server):
     # json_mode: the model decides the keys; the output is a parsed JSON object.
     value = chat.with_structured_output(None, method="json_mode").invoke(prompt)
     assert isinstance(value, dict)
+
+
+def test_litellm_response_format(smollm2_server, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network here: the bundled model map
+    import litellm
+
+    response = litellm.completion(model=f"openai/{MODEL}", api_base=smollm2_server.base_url, api_key="unused",
+                                  messages=_messages(TEXT + " Give her name and age as a JSON object."),
+                                  temperature=0, max_tokens=120, num_retries=0,
+                                  response_format={"type": "json_schema",
+                                                   "json_schema": {"name": "person", "schema": PERSON_SCHEMA}})
+    jsonschema.validate(json.loads(response.choices[0].message.content), PERSON_SCHEMA)

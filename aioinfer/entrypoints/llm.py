@@ -98,16 +98,19 @@ class LLM:
         use_tqdm: bool = True,
         chat_template: Optional[str] = None,
         add_generation_prompt: bool = True,
+        tools: Optional[list[dict]] = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, through the tokenizer's chat template.
 
         A message's ``content`` may be a string or a list of ``{"type": "text", "text": ...}`` parts
-        (joined with newlines, as the server does); other part types raise ValueError naming them."""
+        (joined with newlines, as the server does); other part types raise ValueError naming them.
+        ``tools`` (OpenAI's function definitions) are passed to the chat template, as vLLM does; the
+        reply is text (the server parses tool calls out of it: entrypoints/openai/tool_calls.py)."""
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so no chat template")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         conversations = [_text_messages(conv) for conv in conversations]  # all checked before any runs
-        prompts = [self.tokenizer.apply_chat_template(conv, tokenize=False, chat_template=chat_template,
+        prompts = [self.tokenizer.apply_chat_template(conv, tokenize=False, chat_template=chat_template, tools=tools,
                                                       add_generation_prompt=add_generation_prompt)
                    for conv in conversations]
         # The template already holds the special tokens (BOS etc.): tokenize without adding more.

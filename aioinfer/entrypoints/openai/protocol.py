@@ -15,6 +15,7 @@ from typing_extensions import TypedDict  # pydantic needs this one below Python 
 
 from aioinfer.entrypoints.chat_content import check_part, content_text
 from aioinfer.entrypoints.openai.structured import StructuredFields
+from aioinfer.entrypoints.openai.tool_calls import ToolCall, ToolFields
 
 _LOGPROBS_MAX = 20
 
@@ -118,6 +119,7 @@ class ChatMessage(_Strict):
     content: Union[str, list[Annotated[TextPart, BeforeValidator(_text_only)]], None] = None
     name: Optional[str] = None
     tool_call_id: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None  # an assistant's earlier calls
 
     def text(self) -> str:
         return content_text(self.content) or ""
@@ -128,10 +130,12 @@ class ChatMessage(_Strict):
             message["name"] = self.name
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = [call.for_template() for call in self.tool_calls]
         return message
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[int] = Field(default=None, ge=1)  # deprecated alias of max_completion_tokens
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)  # None: the rest of the context

@@ -26,7 +26,9 @@ def completion_params(req: CompletionRequest, model_defaults: Optional[Mapping[s
     return _build(req, model_defaults, max_tokens=req.max_tokens, logprobs=req.logprobs)
 
 
-def chat_params(req: ChatCompletionRequest, model_defaults: Optional[Mapping[str, Any]] = None) -> SamplingParams:
+def chat_params(req: ChatCompletionRequest, model_defaults: Optional[Mapping[str, Any]] = None,
+                tool_constraint=None) -> SamplingParams:
+    """``tool_constraint``: the structured output a required or named tool_choice imposes (tool_calls.py)."""
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs to be true", param="top_logprobs")
     if req.max_tokens is not None and req.max_completion_tokens is not None \
@@ -35,11 +37,11 @@ def chat_params(req: ChatCompletionRequest, model_defaults: Optional[Mapping[str
     # None: up to the end of the context (vLLM's chat default), decided by the engine.
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return _build(req, model_defaults, max_tokens=max_tokens, logprobs=logprobs)
+    return _build(req, model_defaults, max_tokens=max_tokens, logprobs=logprobs, constraint=tool_constraint)
 
 
 def _build(req: _SamplingFields, model_defaults: Optional[Mapping[str, Any]], *, max_tokens: Optional[int],
-           logprobs: Optional[int]) -> SamplingParams:
+           logprobs: Optional[int], constraint=None) -> SamplingParams:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
     defaults = dict(model_defaults or {})
@@ -68,12 +70,22 @@ def _build(req: _SamplingFields, model_defaults: Optional[Mapping[str, Any]], *,
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
-        structured_outputs=structured_outputs_of(req),
+        structured_outputs=_constraint(req, constraint),
     )
     try:
         return SamplingParams(**kwargs)
     except ValueError as exc:
         raise _named(exc) from None
+
+
+def _constraint(req: _SamplingFields, tool_constraint):
+    requested = structured_outputs_of(req)
+    if tool_constraint is None:
+        return requested
+    if requested is not None:
+        raise bad_request("a required or named tool_choice constrains the output already; drop response_format "
+                          "(or the structured_outputs / guided_* field)", param="tool_choice")
+    return tool_constraint
 
 
 def choice_params(base: SamplingParams, index: int) -> SamplingParams:

@@ -13,6 +13,7 @@ from aioinfer.entrypoints.openai.logprobs import chat_logprobs
 from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from aioinfer.entrypoints.openai.sampling import chat_params, choice_params
 from aioinfer.entrypoints.openai.server_state import ServerState
+from aioinfer.entrypoints.openai.tool_calls import ToolPlan, calls_as_text, hermes_system_prompt, tool_plan
 from aioinfer.entrypoints.openai.serving_common import (
     ChoiceResult,
     admit_and_respond,
@@ -31,24 +32,34 @@ from aioinfer.entrypoints.openai.sse import DONE, EventTemplate, event, text_mar
 async def create_chat_completion(state: ServerState, body: bytes, client_id: Optional[str] = None) -> Response:
     req = parse_body(ChatCompletionRequest, body)
     engine = engine_for(state, req)
-    base = chat_params(req, state.model_defaults())
-    prompt_ids = apply_chat_template(engine, req.messages, req.add_generation_prompt)
+    plan = tool_plan(req)
+    base = chat_params(req, state.model_defaults(), tool_constraint=plan.constraint if plan else None)
+    prompt_ids = apply_chat_template(engine, req.messages, req.add_generation_prompt, tools=plan.tools if plan else None)
 
     request_id = new_request_id("chatcmpl", client_id)
     specs = [ChoiceSpec(index=i, prompt_index=0, prompt=prompt_ids, params=choice_params(base, i))
              for i in range(req.n)]
-    job = _Job(req, request_id, state.served_model_name, specs, len(prompt_ids))
+    job = _Job(req, request_id, state.served_model_name, specs, len(prompt_ids), plan)
     return await admit_and_respond(engine, specs, request_id, req, job)
 
 
-def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
-    """The offline ``LLM.chat`` recipe: render the template, then tokenize without adding special tokens."""
+def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prompt: bool,
+                        tools: Optional[list[dict]] = None) -> list[int]:
+    """The offline ``LLM.chat`` recipe: render the template, then tokenize without adding special tokens.
+    ``tools`` go through the template; one that ignores them gets them as a system message (tool_calls.py)."""
     tokenizer = engine.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise bad_request("this model has no chat template; use /v1/completions", param="messages")
-    try:
-        text = tokenizer.apply_chat_template([m.for_template() for m in messages], tokenize=False,
+    conversation = [m.for_template() for m in messages]
+
+    def render(conv: list[dict], with_tools: Optional[list[dict]]) -> str:
+        return tokenizer.apply_chat_template(conv, tools=with_tools, tokenize=False,
                                              add_generation_prompt=add_generation_prompt)
+
+    try:
+        text = render(conversation, tools)
+        if tools and text == render(conversation, None):
+            text = render(_tools_in_system_message(conversation, tools), None)
     except Exception as exc:  # noqa: BLE001 - jinja errors ("roles must alternate") are the user's input
         raise bad_request(f"the chat template rejected the messages: {exc}", param="messages") from None
     ids = list(tokenizer.encode(text, add_special_tokens=False))
@@ -57,10 +68,28 @@ def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prom
     return ids
 
 
+def _tools_in_system_message(conversation: list[dict], tools: list[dict]) -> list[dict]:
+    """For a template without tool support: the hermes instructions in the system message, earlier
+    calls as the ``<tool_call>`` text the model is told to write."""
+    instructions = hermes_system_prompt(tools)
+    out = []
+    for message in conversation:
+        if message.get("tool_calls"):
+            text = calls_as_text(message["tool_calls"])
+            message = {"role": message["role"], "content": (message["content"] + "\n" + text).strip()}
+        out.append(message)
+    if out and out[0]["role"] == "system":
+        out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + instructions}
+    else:
+        out.insert(0, {"role": "system", "content": instructions})
+    return out
+
+
 class _Job:
     def __init__(self, req: ChatCompletionRequest, request_id: str, model: str, specs: list[ChoiceSpec],
-                 prompt_length: int) -> None:
+                 prompt_length: int, plan: Optional[ToolPlan] = None) -> None:
         self.req, self.id, self.model, self.created = req, request_id, model, now()
+        self.plan = plan if plan is not None and plan.parses else None  # None: the text is the answer
         self.prompt_length = prompt_length
         self.top_n = req.top_logprobs or 0
         self.results = {s.index: ChoiceResult(index=s.index, prompt_index=0) for s in specs}
@@ -91,14 +120,25 @@ class _Job:
         choices = []
         for index in sorted(self.results):
             r = self.results[index]
+            message, finish_reason = self._message(r)
             choices.append({
                 "index": index,
-                "message": {"role": "assistant", "content": r.text},
+                "message": message,
                 "logprobs": {"content": r.logprob_parts} if self.req.logprobs else None,
-                "finish_reason": r.finish_reason,
+                "finish_reason": finish_reason,
                 "stop_reason": stop_reason_json(r.stop_reason),
             })
         return {**self._envelope("chat.completion", choices), "usage": self._usage()}
+
+    def _message(self, result) -> tuple[dict, Optional[str]]:
+        """A finished choice's message and finish_reason (tool calls parsed out of its text)."""
+        if self.plan is None:
+            return {"role": "assistant", "content": result.text}, result.finish_reason
+        content, calls = self.plan.parse(result.text)
+        if not calls:
+            return {"role": "assistant", "content": content}, result.finish_reason
+        finish = "tool_calls" if result.finish_reason == "stop" else result.finish_reason
+        return {"role": "assistant", "content": content, "tool_calls": calls}, finish
 
     def _text_chunk(self, kind: str, index: int, include_usage: bool) -> dict:
         obj = self._envelope(kind, [{"index": index, "delta": {"content": text_marker()}, "logprobs": None,
@@ -106,6 +146,17 @@ class _Job:
         if include_usage:
             obj["usage"] = None
         return obj
+
+    def _tool_chunks(self, index: int, delta) -> list[dict]:
+        message, finish_reason = self._message(self.results[index])
+        chunks = []
+        if message.get("content"):
+            chunks.append({"index": index, "delta": {"content": message["content"]}, "logprobs": None,
+                           "finish_reason": None})
+        calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls") or ())]
+        chunks.append({"index": index, "delta": {"tool_calls": calls} if calls else {}, "logprobs": None,
+                       "finish_reason": finish_reason, "stop_reason": stop_reason_json(delta.stop_reason)})
+        return chunks
 
     async def stream(self, streams: ChoiceStreams) -> AsyncIterator[bytes]:
         options = self.req.stream_options
@@ -129,6 +180,11 @@ class _Job:
                 async for spec, delta in merged:
                     self.results[spec.index].add(delta)
                     lp = self._logprobs(delta)
+                    if self.plan is not None:  # tools: the text may be a call, sent when the choice ends
+                        if delta.finished:
+                            for choice in self._tool_chunks(spec.index, delta):
+                                yield chunk(choice)
+                        continue
                     if not delta.text and not delta.finished and not (lp and lp["content"]):
                         continue  # tokens whose text is held back (partial characters, possible stop)
                     if lp is None and not delta.finished and not continuous:  # the per-token case

@@ -1,0 +1,178 @@
+"""Tool calling on /v1/chat/completions: ``tools``, ``tool_choice``, ``parallel_tool_calls``.
+
+- ``tool_choice`` "none": the tools are shown to the model (its chat template renders them) and its
+  text is returned as text.
+- "auto" (the default when tools are given): the model decides; calls written in the hermes format
+  that Qwen2.5's template teaches (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``)
+  are parsed into ``message.tool_calls``, the rest of the text stays ``content``.
+- "required" and a named function: the output is constrained by a JSON schema (structured
+  outputs), so the call always parses and its arguments validate against the function's
+  parameters: for "required" a list of ``{"name", "parameters"}`` objects (one when
+  ``parallel_tool_calls`` is false), for a named function its arguments object itself (vLLM's way).
+
+A call ends the choice with ``finish_reason: "tool_calls"``. Streaming sends the calls as one
+``delta.tool_calls`` chunk when the choice ends (the text before is not streamed while tools may be
+called: a half-written ``<tool_call>`` must not reach the client as content).
+A template that ignores ``tools`` (SmolLM2's GGUF one) gets them as a system message in the hermes
+format instead, and earlier calls in the history as ``<tool_call>`` text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from aioinfer.entrypoints.openai.errors import bad_request
+from aioinfer.structured_output import StructuredOutputsParams
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class ChatTool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: Union[str, dict[str, Any]] = "{}"
+
+
+class ToolCall(BaseModel):
+    """An assistant message's earlier call (in the history)."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+    def for_template(self) -> dict:
+        arguments = self.function.arguments
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                raise bad_request(f"tool call {self.function.name!r}: arguments are not JSON",
+                                  param="messages") from None
+        # Templates render arguments with ``tojson``: a dict, not the string the API carries.
+        return {"id": self.id, "type": "function", "function": {"name": self.function.name, "arguments": arguments}}
+
+
+class ToolFields(BaseModel):
+    """Mixed into the chat body."""
+
+    tools: Optional[list[ChatTool]] = Field(default=None, min_length=1)  # [] is a 400, as OpenAI's
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: Optional[bool] = None
+
+
+_OBJECT = {"type": "object"}
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+@dataclass(slots=True)
+class ToolPlan:
+    mode: str  # "none" | "auto" | "required" | "named"
+    tools: list[dict]  # as the chat template takes them
+    names: set[str]
+    constraint: Optional[StructuredOutputsParams]
+    named: Optional[str] = None
+
+    @property
+    def parses(self) -> bool:
+        return self.mode != "none"
+
+    def parse(self, text: str) -> tuple[Optional[str], list[dict]]:
+        """(content, tool_calls) of a finished choice's text."""
+        if self.mode == "named":
+            return None, [_call(self.named, text.strip())]
+        if self.mode == "required":
+            try:
+                items = json.loads(text)
+            except ValueError:  # cut by max_tokens: no call
+                return text, []
+            return None, [_call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
+        calls = []
+        for match in _CALL.finditer(text):
+            try:
+                item = json.loads(match.group(1))
+                name = item["name"]
+                arguments = item.get("arguments", item.get("parameters", {}))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue  # not a call after all: it stays content
+            if name in self.names:
+                calls.append(_call(name, json.dumps(arguments, ensure_ascii=False)))
+        if not calls:
+            return text, []
+        content = _CALL.sub("", text).strip()
+        return content or None, calls
+
+
+def tool_plan(req) -> Optional[ToolPlan]:
+    """The request's tool handling, or None without tools; 400s for inconsistent fields."""
+    choice = req.tool_choice
+    if not req.tools:
+        if choice not in (None, "none"):
+            raise bad_request("tool_choice needs tools", param="tool_choice")
+        return None
+    tools = [tool.model_dump(exclude_none=True) for tool in req.tools]
+    by_name = {tool.function.name: tool.function for tool in req.tools}
+    if isinstance(choice, NamedToolChoice):
+        name = choice.function.name
+        if name not in by_name:
+            raise bad_request(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
+        schema = by_name[name].parameters or _OBJECT
+        return ToolPlan("named", tools, set(by_name), StructuredOutputsParams(json=schema), named=name)
+    if choice == "required":
+        options = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
+                    "properties": {"name": {"const": name}, "parameters": function.parameters or _OBJECT}}
+                   for name, function in by_name.items()]
+        schema = {"type": "array", "minItems": 1, "items": {"anyOf": options}}
+        if req.parallel_tool_calls is False:
+            schema["maxItems"] = 1
+        return ToolPlan("required", tools, set(by_name), StructuredOutputsParams(json=schema))
+    return ToolPlan(choice or "auto", tools, set(by_name), None)
+
+
+def hermes_system_prompt(tools: list[dict]) -> str:
+    """The tool instructions Qwen2.5's template writes, for templates that ignore ``tools``."""
+    listed = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+            f"{listed}\n</tools>\n\nFor each function call, return a json object with function name and "
+            "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+def calls_as_text(tool_calls: list[dict]) -> str:
+    return "\n".join("<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+                                                  ensure_ascii=False) + "\n</tool_call>" for c in tool_calls)
+
+
+def _call(name: str, arguments: str) -> dict:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}

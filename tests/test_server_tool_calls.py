@@ -1,0 +1,133 @@
+"""Tool calling over HTTP with the real openai client and LangChain: each tool_choice, streamed and not;
+the arguments always parse (and validate where the grammar imposed them); tool results in the history."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+from pydantic import BaseModel, Field
+
+MODEL = "SmolLM2-135M-Instruct"
+WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+           "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}}}
+TIME = {"type": "object", "additionalProperties": False, "required": ["timezone"],
+        "properties": {"timezone": {"type": "string", "pattern": "^[A-Z][a-z]+/[A-Z][a-z]+$"}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "Current time in a timezone",
+                                           "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+def _calls(smollm2_client, stream: bool, **args) -> tuple[list[dict], str, object]:
+    """(tool calls as dicts, finish_reason, content) of one choice, streamed (chunks joined) or not."""
+    args = dict(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=120, **args)
+    if not stream:
+        choice = smollm2_client.chat.completions.create(**args).choices[0]
+        calls = [c.model_dump() for c in choice.message.tool_calls or ()]
+        return calls, choice.finish_reason, choice.message.content
+    calls: dict[int, dict] = {}
+    content, finish = "", None
+    for chunk in smollm2_client.chat.completions.create(stream=True, **args):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for call in delta.tool_calls or ():
+            entry = calls.setdefault(call.index, {"id": call.id, "type": "function",
+                                                  "function": {"name": "", "arguments": ""}})
+            entry["function"]["name"] += call.function.name or ""
+            entry["function"]["arguments"] += call.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return [calls[i] for i in sorted(calls)], finish, content or None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_named_and_required_calls_always_parse(smollm2_client, stream):
+    calls, finish, content = _calls(smollm2_client, stream, tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert finish == "tool_calls" and content is None and len(calls) == 1
+    assert calls[0]["function"]["name"] == "get_time" and calls[0]["id"].startswith("call_")
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), TIME)
+    calls, finish, _ = _calls(smollm2_client, stream, tool_choice="required", parallel_tool_calls=False)
+    assert finish == "tool_calls" and len(calls) == 1
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), SCHEMAS[calls[0]["function"]["name"]])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_and_none(smollm2_client, stream):
+    calls, finish, content = _calls(smollm2_client, stream, tool_choice="none")
+    assert calls == [] and finish in ("stop", "length") and content
+    # auto: the model's choice; whatever it wrote is either calls that parse or plain content.
+    calls, finish, content = _calls(smollm2_client, stream, tool_choice="auto")
+    if calls:
+        assert finish == "tool_calls"
+        for call in calls:
+            assert call["function"]["name"] in SCHEMAS
+            assert isinstance(json.loads(call["function"]["arguments"]), dict)
+    else:
+        assert content and finish in ("stop", "length")
+
+
+def test_auto_parses_hermes_calls_out_of_the_text():
+    from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest
+    from aioinfer.entrypoints.openai.tool_calls import tool_plan
+
+    plan = tool_plan(ChatCompletionRequest.model_validate({"messages": ASK, "tools": TOOLS}))
+    text = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n'
+            '</tool_call>\n<tool_call>{"name": "get_time", "arguments": {"timezone": "Europe/Paris"}}')  # unterminated
+    content, calls = plan.parse(text)
+    assert content == "Let me check."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris", "unit": "celsius"}), ("get_time", {"timezone": "Europe/Paris"})]
+    assert len({c["id"] for c in calls}) == 2
+    # Not calls: broken JSON, an unknown function; the text stays content.
+    for text in ('<tool_call>{"name": "get_weather", "arguments": </tool_call>',
+                 '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'):
+        assert plan.parse(text) == (text, [])
+
+
+def test_tool_results_in_the_history(smollm2_client):
+    first = smollm2_client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=80,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    call = first.choices[0].message.tool_calls[0]
+    messages = ASK + [first.choices[0].message.model_dump(exclude_none=True),
+                      {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "clear"}'}]
+    reply = smollm2_client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="none",
+                                           temperature=0, max_tokens=40)
+    assert reply.choices[0].message.content and reply.choices[0].message.tool_calls is None
+
+
+def test_inconsistent_tool_fields_are_400s(smollm2_server):
+    cases = [({"tool_choice": "required"}, "tool_choice needs tools", "tool_choice"),
+             ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not in tools",
+              "tool_choice"),
+             ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+              "constrains the output already", "tool_choice")]
+    for extra, message, param in cases:
+        response = httpx.post(smollm2_server.base_url + "/chat/completions", timeout=60,
+                              json={"model": MODEL, "messages": ASK, "max_tokens": 4, **extra})
+        assert response.status_code == 400, response.text
+        assert message in response.json()["error"]["message"] and response.json()["error"]["param"] == param
+
+
+class Weather(BaseModel):
+    """Current weather of a city."""
+
+    city: str = Field(max_length=30)
+    unit: str = Field(pattern="^(celsius|fahrenheit)$")
+
+
+def test_langchain_bind_tools_and_function_calling(smollm2_server):
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(model=MODEL, base_url=smollm2_server.base_url, api_key="unused", temperature=0, max_tokens=80,
+                      max_retries=0)
+    message = chat.bind_tools([Weather], tool_choice="Weather").invoke("What is the weather in Paris?")
+    assert message.tool_calls and message.tool_calls[0]["name"] == "Weather"
+    Weather.model_validate(message.tool_calls[0]["args"])
+    weather = chat.with_structured_output(Weather, method="function_calling").invoke("Weather in Rome, in celsius?")
+    assert isinstance(weather, Weather)

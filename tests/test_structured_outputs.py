@@ -205,3 +205,18 @@ def test_qwen25_schemas_validate(qwen25_coder_gguf):
     for schema, output in zip(generated, llm.generate(prompts, params, use_tqdm=False)):
         assert output.outputs[0].finish_reason == "stop", output.outputs[0].text
         jsonschema.validate(json.loads(output.outputs[0].text), schema)
+
+
+def test_offline_chat_shows_the_tools(smollm2):
+    """SmolLM2's template ignores ``tools``: LLM.chat puts them in a system message (the server's rule),
+    and a call constrained to the function's schema validates."""
+    from aioinfer.entrypoints.chat_tools import render_with_tools
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": PERSON}}]
+    messages = [{"role": "user", "content": "Weather for Alice?"}]
+    prompt = render_with_tools(smollm2.get_tokenizer(), messages, tools, add_generation_prompt=True)
+    assert "<tools>" in prompt and '"get_weather"' in prompt
+    params = SamplingParams(temperature=0, max_tokens=60, structured_outputs=StructuredOutputsParams(json=PERSON))
+    output = smollm2.chat(messages, params, use_tqdm=False, tools=tools)[0]
+    assert output.prompt == prompt
+    jsonschema.validate(json.loads(output.outputs[0].text), PERSON)

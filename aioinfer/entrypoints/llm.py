@@ -10,6 +10,7 @@ from aioinfer.engine.engine_core import EngineCore
 from aioinfer.engine.input_processor import InputProcessor, PromptInput
 from aioinfer.engine.output_processor import OutputProcessor
 from aioinfer.entrypoints.chat_content import content_text
+from aioinfer.entrypoints.chat_tools import render_with_tools
 from aioinfer.outputs import RequestOutput
 from aioinfer.request import RequestStatus
 from aioinfer.sampling_params import SamplingParams
@@ -104,14 +105,15 @@ class LLM:
 
         A message's ``content`` may be a string or a list of ``{"type": "text", "text": ...}`` parts
         (joined with newlines, as the server does); other part types raise ValueError naming them.
-        ``tools`` (OpenAI's function definitions) are passed to the chat template, as vLLM does; the
-        reply is text (the server parses tool calls out of it: entrypoints/openai/tool_calls.py)."""
+        ``tools`` (OpenAI's function definitions) go through the chat template, as in vLLM (or, for a
+        template that ignores them, a system message: the server's rule); the reply is text (the server
+        parses tool calls out of it: entrypoints/openai/tool_calls.py)."""
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so no chat template")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         conversations = [_text_messages(conv) for conv in conversations]  # all checked before any runs
-        prompts = [self.tokenizer.apply_chat_template(conv, tokenize=False, chat_template=chat_template, tools=tools,
-                                                      add_generation_prompt=add_generation_prompt)
+        prompts = [render_with_tools(self.tokenizer, conv, tools, chat_template=chat_template,
+                                     add_generation_prompt=add_generation_prompt)
                    for conv in conversations]
         # The template already holds the special tokens (BOS etc.): tokenize without adding more.
         token_lists = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]

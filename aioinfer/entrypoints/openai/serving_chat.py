@@ -13,7 +13,8 @@ from aioinfer.entrypoints.openai.logprobs import chat_logprobs
 from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from aioinfer.entrypoints.openai.sampling import chat_params, choice_params
 from aioinfer.entrypoints.openai.server_state import ServerState
-from aioinfer.entrypoints.openai.tool_calls import ToolPlan, calls_as_text, hermes_system_prompt, tool_plan
+from aioinfer.entrypoints.chat_tools import render_with_tools
+from aioinfer.entrypoints.openai.tool_calls import ToolPlan, tool_plan
 from aioinfer.entrypoints.openai.serving_common import (
     ChoiceResult,
     admit_and_respond,
@@ -52,37 +53,14 @@ def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prom
         raise bad_request("this model has no chat template; use /v1/completions", param="messages")
     conversation = [m.for_template() for m in messages]
 
-    def render(conv: list[dict], with_tools: Optional[list[dict]]) -> str:
-        return tokenizer.apply_chat_template(conv, tools=with_tools, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
-
     try:
-        text = render(conversation, tools)
-        if tools and text == render(conversation, None):
-            text = render(_tools_in_system_message(conversation, tools), None)
+        text = render_with_tools(tokenizer, conversation, tools, add_generation_prompt=add_generation_prompt)
     except Exception as exc:  # noqa: BLE001 - jinja errors ("roles must alternate") are the user's input
         raise bad_request(f"the chat template rejected the messages: {exc}", param="messages") from None
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     if not ids:
         raise bad_request("the rendered conversation is empty", param="messages")
     return ids
-
-
-def _tools_in_system_message(conversation: list[dict], tools: list[dict]) -> list[dict]:
-    """For a template without tool support: the hermes instructions in the system message, earlier
-    calls as the ``<tool_call>`` text the model is told to write."""
-    instructions = hermes_system_prompt(tools)
-    out = []
-    for message in conversation:
-        if message.get("tool_calls"):
-            text = calls_as_text(message["tool_calls"])
-            message = {"role": message["role"], "content": (message["content"] + "\n" + text).strip()}
-        out.append(message)
-    if out and out[0]["role"] == "system":
-        out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + instructions}
-    else:
-        out.insert(0, {"role": "system", "content": instructions})
-    return out
 
 
 class _Job:

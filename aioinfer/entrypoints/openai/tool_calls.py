@@ -158,21 +158,6 @@ def tool_plan(req) -> Optional[ToolPlan]:
     return ToolPlan(choice or "auto", tools, set(by_name), None)
 
 
-def hermes_system_prompt(tools: list[dict]) -> str:
-    """The tool instructions Qwen2.5's template writes, for templates that ignore ``tools``."""
-    listed = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
-    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-            f"{listed}\n</tools>\n\nFor each function call, return a json object with function name and "
-            "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
-
-
-def calls_as_text(tool_calls: list[dict]) -> str:
-    return "\n".join("<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
-                                                  ensure_ascii=False) + "\n</tool_call>" for c in tool_calls)
-
-
 def _call(name: str, arguments: str) -> dict:
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": name, "arguments": arguments}}

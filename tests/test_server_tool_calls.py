@@ -84,10 +84,31 @@ def test_auto_parses_hermes_calls_out_of_the_text():
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("get_weather", {"city": "Paris", "unit": "celsius"}), ("get_time", {"timezone": "Europe/Paris"})]
     assert len({c["id"] for c in calls}) == 2
-    # Not calls: broken JSON, an unknown function; the text stays content.
+    # A bare call (no tags) is one too; a list of them as well.
+    content, calls = plan.parse(' {"name": "get_time", "parameters": {"timezone": "Asia/Tokyo"}}\n')
+    assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"timezone": "Asia/Tokyo"}
+    assert len(plan.parse('[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {}}]')[1]) == 2
+    assert len(plan.parse('```json\n{"name": "get_time", "arguments": {}}\n```')[1]) == 1
+    # Not calls: broken JSON, an unknown function, JSON that is not a call; the text stays content.
     for text in ('<tool_call>{"name": "get_weather", "arguments": </tool_call>',
-                 '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'):
+                 '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', '{"city": "Paris"}', '[1, 2]'):
         assert plan.parse(text) == (text, [])
+
+
+@pytest.mark.slow
+def test_qwen25_auto_call_parses(qwen25_coder_gguf):
+    """A template that renders tools (Qwen2.5's) and a model that calls one: the reply parses into the call."""
+    from aioinfer import LLM, SamplingParams
+    from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest
+    from aioinfer.entrypoints.openai.tool_calls import tool_plan
+
+    llm = LLM(model=str(qwen25_coder_gguf), dtype="float32", device="cpu", max_model_len=2048)
+    output = llm.chat(ASK, SamplingParams(temperature=0, max_tokens=60), use_tqdm=False, tools=TOOLS)[0]
+    assert "<tools>" in output.prompt  # rendered by the model's own template
+    _, calls = tool_plan(ChatCompletionRequest.model_validate({"messages": ASK, "tools": TOOLS})).parse(
+        output.outputs[0].text)
+    assert [c["function"]["name"] for c in calls] == ["get_weather"], output.outputs[0].text
+    assert json.loads(calls[0]["function"]["arguments"])["city"] == "Paris"
 
 
 def test_tool_results_in_the_history(smollm2_client):

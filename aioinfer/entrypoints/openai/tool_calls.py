@@ -4,7 +4,8 @@
   text is returned as text.
 - "auto" (the default when tools are given): the model decides; calls written in the hermes format
   that Qwen2.5's template teaches (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``)
-  are parsed into ``message.tool_calls``, the rest of the text stays ``content``.
+  are parsed into ``message.tool_calls``, the rest of the text stays ``content``; a reply that is
+  only such a call's JSON, without the tags (or in a markdown code fence), is a call too.
 - "required" and a named function: the output is constrained by a JSON schema (structured
   outputs), so the call always parses and its arguments validate against the function's
   parameters: for "required" a list of ``{"name", "parameters"}`` objects (one when
@@ -92,6 +93,7 @@ class ToolFields(BaseModel):
 
 _OBJECT = {"type": "object"}
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
 @dataclass(slots=True)
@@ -116,20 +118,31 @@ class ToolPlan:
             except ValueError:  # cut by max_tokens: no call
                 return text, []
             return None, [_call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
+        calls = [call for match in _CALL.finditer(text) for call in self._calls_in(match.group(1))]
+        if calls:
+            content = _CALL.sub("", text).strip()
+            return content or None, calls
+        # Small models also write the call's JSON bare, without the tags (Qwen2.5-Coder-0.5B does):
+        # a whole reply that is a call (or a list of calls) to a given tool is one.
+        bare = _FENCE.sub(r"\1", text.strip())  # or inside a markdown code fence (it does that too)
+        calls = self._calls_in(bare)
+        return (None, calls) if calls else (text, [])
+
+    def _calls_in(self, text: str) -> list[dict]:
+        """The calls a JSON text holds: ``{"name", "arguments" | "parameters"}`` or a list of them; [] if none."""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return []
         calls = []
-        for match in _CALL.finditer(text):
-            try:
-                item = json.loads(match.group(1))
-                name = item["name"]
-                arguments = item.get("arguments", item.get("parameters", {}))
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue  # not a call after all: it stays content
-            if name in self.names:
-                calls.append(_call(name, json.dumps(arguments, ensure_ascii=False)))
-        if not calls:
-            return text, []
-        content = _CALL.sub("", text).strip()
-        return content or None, calls
+        for item in value if isinstance(value, list) else [value]:
+            if not isinstance(item, dict) or item.get("name") not in self.names:
+                return []  # not a call after all: it stays content
+            arguments = item.get("arguments", item.get("parameters", {}))
+            if not isinstance(arguments, dict):
+                return []
+            calls.append(_call(item["name"], json.dumps(arguments, ensure_ascii=False)))
+        return calls
 
 
 def tool_plan(req) -> Optional[ToolPlan]:

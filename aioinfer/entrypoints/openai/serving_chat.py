@@ -47,7 +47,7 @@ async def create_chat_completion(state: ServerState, body: bytes, client_id: Opt
 def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prompt: bool,
                         tools: Optional[list[dict]] = None) -> list[int]:
     """The offline ``LLM.chat`` recipe: render the template, then tokenize without adding special tokens.
-    ``tools`` go through the template; one that ignores them gets them as a system message (tool_calls.py)."""
+    ``tools`` go through the template; one that ignores them gets them as a system message (chat_tools.py)."""
     tokenizer = engine.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise bad_request("this model has no chat template; use /v1/completions", param="messages")

@@ -49,6 +49,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each batch B > 1 (median reported)")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts timed one by one at batch 1")
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--alternate", type=int, default=1,
+                   help="engines started off, on, off, on, ... this many pairs; speed-up: the median pair's")
     p.add_argument("--speculative-config", default='{"method": "ngram", "num_speculative_tokens": 4, '
                                                    '"prompt_lookup_max": 4, "prompt_lookup_min": 2}')
     p.add_argument("--device", default=None)
@@ -62,25 +64,33 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     env = environment()
     print(env, flush=True)
-    runs: dict[str, dict[str, Any]] = {}
-    for mode, extra in (("off", {}), ("on", {"speculative_config": spec})):
-        runs[mode] = _run_mode(args, device, batches, extra)
-        print(mode, json.dumps({k: v for k, v in runs[mode].items() if k != "outputs"}), flush=True)
-    identical = runs["off"]["outputs"] == runs["on"]["outputs"]
+    pairs: list[dict[str, dict[str, Any]]] = []
+    for _ in range(args.alternate):  # off, on, off, on, ...: a drift of the machine hits both alike
+        runs: dict[str, dict[str, Any]] = {}
+        for mode, extra in (("off", {}), ("on", {"speculative_config": spec})):
+            runs[mode] = _run_mode(args, device, batches, extra)
+            print(mode, json.dumps({k: v for k, v in runs[mode].items() if k != "outputs"}), flush=True)
+        pairs.append(runs)
+    identical = all(r["off"]["outputs"] == r["on"]["outputs"] for r in pairs)
     rows, results = [], []
     for batch in batches:
         key = str(batch)
-        off, on = runs["off"][key], runs["on"][key]
         metric = "tpot_ms" if batch == 1 else "tok_per_s"
-        speedup = off[metric] / on[metric] if batch == 1 else on[metric] / off[metric]
-        results.append({"batch": batch, "off": off, "on": on, "speedup": speedup})
+        ratios = [(r["off"][key][metric] / r["on"][key][metric]) if batch == 1
+                  else (r["on"][key][metric] / r["off"][key][metric]) for r in pairs]
+        speedup = statistics.median(ratios)
+        off, on = pairs[-1]["off"][key], pairs[-1]["on"][key]
+        results.append({"batch": batch, "off": off, "on": on, "speedup": speedup,
+                        "pair_speedups": ratios})
         rows.append([batch, f"{off['tpot_ms']:.3f}" if batch == 1 else f"{off['tok_per_s']:,.0f}",
                      f"{on['tpot_ms']:.3f}" if batch == 1 else f"{on['tok_per_s']:,.0f}", f"{speedup:.2f}x",
+                     " ".join(f"{r:.2f}" for r in ratios),
                      f"{on['acceptance']:.0%}", f"{on['mean_accepted_length']:.2f}", on["tokens"]])
+    runs = pairs[-1]
     dump(args.out, {"benchmark": "spec_decode", "model": args.model, "environment": env, "argv": vars(args),
                     "speculative_config": spec, "identical_outputs": identical, "results": results,
                     "payoff_rates": runs["on"].get("payoff_rates")})
-    print(format_table(["batch", "off (TPOT ms | tok/s)", "on", "speed-up", "acceptance", "mean accepted length",
+    print(format_table(["batch", "off (TPOT ms | tok/s)", "on", "speed-up", "pairs", "acceptance", "mean accepted length",
                         "tokens"], rows))
     print(f"identical outputs: {identical}")
 

@@ -194,6 +194,36 @@ def test_constrained_tokens_identical_on_every_path(smollm2_gguf, mixed_batch, p
         assert 0 < metrics["num_accepted_tokens"] < metrics["num_draft_tokens"]
 
 
+ASYNC_PATHS = {
+    "async": {},
+    "async, chunked prefill": {"max_num_batched_tokens": 32},
+    "async, preemption by recompute": {"num_kv_blocks": 36, "block_size": 4},
+    "async, preemption by swap": {"num_kv_blocks": 36, "block_size": 4, "preemption_mode": "swap",
+                                  "swap_space_gib": 0.05},
+    "async, speculation": {"speculative_config": SPEC},
+}
+
+
+@pytest.mark.parametrize("path_name", list(ASYNC_PATHS))
+def test_grammar_steps_scheduled_ahead_give_the_same_tokens(smollm2, smollm2_gguf, mixed_batch, path_name):
+    """Without penalties in the batch, async scheduling launches each step before the previous step's
+    tokens are known and samples it once they are (its masks filled in a worker thread): the same
+    tokens as in lockstep."""
+    prompts, params, _ = mixed_batch
+    keep = [i for i, p in enumerate(params) if p.repetition_penalty == 1.0]
+    prompts, params = [prompts[i] for i in keep], [params[i] for i in keep]
+    reference = [o.outputs[0].token_ids for o in smollm2.generate(prompts, params, use_tqdm=False)]
+    llm = _llm(smollm2_gguf, async_scheduling=True, **ASYNC_PATHS[path_name])
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == reference
+    assert llm.engine.runner.num_deferred_steps > 0
+    if "preemption" in path_name:
+        assert llm.engine.scheduler.num_preemptions > 0
+    if "speculation" in path_name:  # steps with drafts (in lockstep) between steps ahead
+        assert outputs[0].metrics["num_accepted_tokens"] > 0
+    assert llm.engine.kv_cache.all_free()
+
+
 @pytest.mark.slow
 def test_qwen25_schemas_validate(qwen25_coder_gguf):
     llm = _llm(qwen25_coder_gguf, max_num_batched_tokens=2048)
@@ -220,3 +250,41 @@ def test_offline_chat_shows_the_tools(smollm2):
     output = smollm2.chat(messages, params, use_tqdm=False, tools=tools)[0]
     assert output.prompt == prompt
     jsonschema.validate(json.loads(output.outputs[0].text), PERSON)
+
+
+def test_async_engine_streams_constrained_requests_scheduled_ahead(smollm2, smollm2_gguf, mixed_batch):
+    """The asyncio ``Engine`` with async scheduling: constrained streams give the lockstep tokens, a
+    constrained stream closed early takes its request (and matcher) with it, and every block is free."""
+    import anyio
+
+    from aioinfer import Engine
+
+    prompts, params, _ = mixed_batch
+    keep = [i for i, p in enumerate(params) if p.repetition_penalty == 1.0]
+    prompts, params = [prompts[i] for i in keep], [params[i] for i in keep]
+    reference = [o.outputs[0].token_ids for o in smollm2.generate(prompts, params, use_tqdm=False)]
+    closed_after = 3
+
+    async def main():
+        async with Engine(str(smollm2_gguf), dtype="float32", device="cpu", max_model_len=2048,
+                          async_scheduling=True) as engine:
+            got = [[] for _ in prompts]
+
+            async def one(i, limit=None):
+                async for delta in engine.generate(prompts[i], params[i]):
+                    got[i] += delta.token_ids
+                    if limit is not None and len(got[i]) >= limit:
+                        break
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i, closed_after if i == 2 else None)
+            await anyio.sleep(0)
+            core = engine._core  # read after the streams: the GPU thread is idle
+            return got, core
+
+    got, core = anyio.run(main)
+    assert [g for i, g in enumerate(got) if i != 2] == [r for i, r in enumerate(reference) if i != 2]
+    assert got[2] == reference[2][:len(got[2])] and len(got[2]) >= closed_after
+    assert core.runner.num_deferred_steps > 0
+    assert core.kv_cache.all_free() and not core.scheduler.has_unfinished()

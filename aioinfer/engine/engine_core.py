@@ -56,11 +56,15 @@ class EngineCore:
         self.async_scheduling = (self.loaded.device.type == "cuda" if config.async_scheduling is None
                                  else config.async_scheduling)
         self._in_flight = None  # (SchedulerOutput, launched step) not yet collected
+        self._deferred = False  # the step in flight was launched with deferred masks, not yet sampled
         self._last_step_end = None  # perf_counter at the end of the last step (speculation's payoff)
-        # Added requests that need every token on the host before their next step (penalties, a
-        # grammar) and not yet seen finished: usually none, so the per-step schedule-ahead test need
+        # Added requests that need every token on the host before their next step is scheduled
+        # (penalties) and not yet seen finished: usually none, so the per-step schedule-ahead test need
         # not scan every running request (~0.25 us each, every step).
         self._needs_known_tokens: list[Request] = []
+        # Added requests with a grammar, not yet seen finished: a step scheduled ahead is launched
+        # with its masks deferred until the tokens before it are collected (worker/grammar_mask.py).
+        self._grammar_requests: list[Request] = []
         self._tensor_parallel = tensor_parallel
 
     def shutdown(self) -> None:
@@ -74,8 +78,10 @@ class EngineCore:
             # Every rank samples the same tokens, so every rank would need the same mask.
             raise ValueError("structured outputs are not supported with tensor_parallel_size > 1 yet")
         self.scheduler.add_request(request)
-        if request.grammar is not None or _has_penalties(request.sampling_params):
+        if _has_penalties(request.sampling_params):
             self._needs_known_tokens.append(request)
+        if request.grammar is not None:
+            self._grammar_requests.append(request)
 
     def finish_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> list[str]:
         """Abort (or stop) requests; their blocks are free when this returns. Returns the ids that were open."""
@@ -105,17 +111,38 @@ class EngineCore:
         else:
             scheduler_output, launched = self._in_flight
             self._in_flight = None
+        ahead = None
         if self.async_scheduling and not scheduler_output.is_empty and self._can_schedule_ahead(scheduler_output):
             ahead = self.scheduler.schedule()
             # Swaps alone must reach the runner too: the scheduler has already freed a swapped-out
             # request's device blocks.
-            if not ahead.is_empty or ahead.finished_request_ids or ahead.has_swaps:
+            if ahead.is_empty and not ahead.finished_request_ids and not ahead.has_swaps:
+                ahead = None
+        masks_of = None  # the step ahead, launched with its masks deferred (a grammar runs)
+        if self._deferred:
+            # ``launched`` went ahead with deferred masks, filling since its predecessor was collected
+            # (while the engine handled that step and scheduled this one): sampled now, before the
+            # next launch, whose placeholder inputs are its sampled ids.
+            self.runner.finish(launched)
+            self._deferred = False
+        if ahead is not None:
+            if self._grammars_alive():
+                masks_of = self.runner.launch(ahead, defer_masks=True)
+                self._in_flight, self._deferred = (ahead, masks_of), True
+            else:
                 self._in_flight = (ahead, self.runner.launch(ahead))
-        runner_output = self.runner.collect(launched)
+        runner_output = (self.runner.collect(launched) if masks_of is None
+                         else self.runner.collect(launched, masks_of=masks_of))
         self.num_steps += 1
         if self.async_scheduling and self.scheduler.draft_policy is not None:
             self._time_step(scheduler_output, runner_output, lockstep)
         return scheduler_output, runner_output, self.scheduler.update(scheduler_output, runner_output)
+
+    def _grammars_alive(self) -> bool:
+        if not self._grammar_requests:
+            return False
+        self._grammar_requests = [r for r in self._grammar_requests if not r.status.finished]
+        return bool(self._grammar_requests)
 
     def _time_step(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput, lockstep: bool) -> None:
         """Speculation's measured payoff (spec_decode/payoff.py): a decode step's tokens over the time
@@ -134,11 +161,14 @@ class EngineCore:
             return []
         scheduler_output, launched = self._in_flight
         self._in_flight = None
+        if self._deferred:
+            self.runner.finish(launched)
+            self._deferred = False
         return self.scheduler.update(scheduler_output, self.runner.collect(launched))
 
     def _can_schedule_ahead(self, launched: SchedulerOutput) -> bool:
-        # Penalties read the content of every generated token, which is still on the device, and a
-        # grammar's mask follows every token before it (worker/grammar_mask.py). The
+        # Penalties read the content of every generated token, which is still on the device (a
+        # grammar's mask too, but only at sampling: see step_with_details). The
         # scheduler's running set is exactly its requests with status RUNNING (check_invariants).
         lockstep_needed = False
         if self._needs_known_tokens:

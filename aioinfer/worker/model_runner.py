@@ -18,7 +18,7 @@ from aioinfer.config import EngineConfig
 from aioinfer.core.scheduler_output import RunnerOutput, SchedulerOutput, TokenLogprobs
 from aioinfer.core.kv_cache_manager import cdiv
 from aioinfer.worker.cuda_graphs import CudaGraphRunner, graph_buckets, token_buckets
-from aioinfer.worker.grammar_mask import GrammarMasks
+from aioinfer.worker.grammar_mask import GrammarMasks, PendingMask, StepMask
 from aioinfer.worker.input_buffers import InputBuffers, StepInputs
 from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches, choose_num_blocks
 from aioinfer.worker.sampler import Sampler, SamplerOutput
@@ -87,6 +87,7 @@ class ModelRunner:
                 self.graphs = None
         self.sampler = Sampler()
         self.grammar_masks = GrammarMasks(self.vocab_size, device)
+        self.num_deferred_steps = 0  # launched ahead with their masks deferred (tests, benchmarks)
         self._num_grammars = 0  # live states with a grammar: steps without any skip the scan for them
         # What the runner remembers of each request between steps: its sampling row itself, kept and
         # updated in place (output tokens, pending count) rather than rebuilt for every step.
@@ -114,11 +115,12 @@ class ModelRunner:
         return self.collect(self.launch(scheduler_output))
 
     @torch.inference_mode()
-    def launch(self, scheduler_output: SchedulerOutput) -> "_Launched":
+    def launch(self, scheduler_output: SchedulerOutput, defer_masks: bool = False) -> "_Launched":
         """Enqueue one step's device work without waiting for it (no host sync).
 
         Placeholder input tokens (sampled by the previous launch, not yet on the host) are filled
-        in on the device from that launch's sampled ids.
+        in on the device from that launch's sampled ids. ``defer_masks`` (a step scheduled ahead):
+        when the step has rows with a grammar, only its forward is enqueued; ``finish`` samples it.
         """
         for request_id in scheduler_output.finished_request_ids:
             state = self._states.pop(request_id, None)
@@ -167,10 +169,36 @@ class ModelRunner:
         # build reads the rows now and keeps nothing of them, so the live states serve as this step's rows.
         states = [self._states[request_id] for request_id in inputs.sampled_request_ids]
         drafts = inputs.draft_token_ids
+        launched = _Launched(None, None, inputs.sampled_request_ids, states, drafts)
+        if (defer_masks and self._num_grammars and drafts is None
+                and any(state.grammar is not None for state in states)):
+            # Scheduled ahead: the masks need the previous step's tokens, which the engine collects
+            # next (``collect(..., masks_of=this)``); ``finish`` then samples this step.
+            launched.logits = logits
+            self.num_deferred_steps += 1
+            return launched
         # Structured outputs: the masks are computed here, with the forward already enqueued.
         mask = self.grammar_masks.fill(states, drafts) if self._num_grammars else None
+        self._sample(launched, logits, mask)
+        return launched
+
+    @torch.inference_mode()
+    def finish(self, launched: "_Launched") -> None:
+        """Sample a step launched with ``defer_masks`` (its masks applied): before the next launch,
+        whose placeholder inputs are this step's sampled ids. No-op for a step already sampled."""
+        if launched.logits is None:
+            return
+        if launched.pending_mask is None:  # its previous step was not collected with ``masks_of`` it
+            launched.pending_mask = self.grammar_masks.fill_in_background(launched.states, lambda: None)
+        logits, launched.logits = launched.logits, None
+        mask, launched.pending_mask = self.grammar_masks.finish_fill(launched.pending_mask), None
+        self._sample(launched, logits, mask)
+
+    def _sample(self, launched: "_Launched", logits: torch.Tensor, mask: "Optional[StepMask]") -> None:
+        states, drafts = launched.states, launched.drafts
         if mask is not None:
             logits = self.grammar_masks.apply(logits, mask)
+            launched.grammar_states = mask.grammar_states
         if drafts is None:
             metadata = SamplingMetadata.build(states, logits.shape[1], self.device)
         else:
@@ -182,14 +210,16 @@ class ModelRunner:
         # No step is launched ahead of one with drafts (the engine waits for its accepted tokens), so
         # its sampled rows are never anyone's placeholder input.
         self._last_sampled = ((result.sampled_token_ids,
-                               {rid: row for row, rid in enumerate(inputs.sampled_request_ids)})
+                               {rid: row for row, rid in enumerate(launched.request_ids)})
                               if drafts is None else (None, {}))
-        host, ready = _copy_to_host(result)
-        return _Launched(host, ready, inputs.sampled_request_ids, states, drafts,
-                         mask.grammar_states if mask is not None else ())
+        launched.result, launched.ready = _copy_to_host(result)
 
-    def collect(self, launched: "_Launched") -> RunnerOutput:
-        """Wait for a launched step's sampled ids: the step's one device-to-host sync."""
+    def collect(self, launched: "_Launched", masks_of: Optional["_Launched"] = None) -> RunnerOutput:
+        """Wait for a launched step's sampled ids: the step's one device-to-host sync.
+
+        ``masks_of``: the step launched after it with ``defer_masks``: a worker thread then advances
+        the grammars by these tokens and fills that step's masks (``finish`` waits for it)."""
+        assert launched.logits is None, "a step launched with deferred masks is collected after finish"
         if launched.result is None:
             return RunnerOutput(sampled_request_ids=[], sampled_token_ids=[])
         if launched.ready is not None:
@@ -202,8 +232,16 @@ class ModelRunner:
         for state, token_id in zip(launched.states, token_ids):
             state.output_token_ids.append(token_id)
             state.num_pending_tokens -= 1
-        for i in launched.grammar_states:
-            _advance(launched.states[i], [token_ids[i]])
+        if launched.grammar_states:
+            advances = [(launched.states[i], token_ids[i]) for i in launched.grammar_states]
+
+            def advance() -> None:
+                for state, token_id in advances:
+                    _advance(state, [token_id])
+            if masks_of is not None and masks_of.logits is not None:
+                masks_of.pending_mask = self.grammar_masks.fill_in_background(masks_of.states, advance)
+            else:
+                advance()
         return RunnerOutput(
             sampled_request_ids=launched.request_ids,
             sampled_token_ids=token_ids,
@@ -252,6 +290,8 @@ class _Launched:
     states: list[SamplingRow]
     drafts: Optional[list[list[int]]] = None  # per request its verified drafts ([] for none); None: no drafts
     grammar_states: Sequence[int] = ()  # indices of ``states`` whose matcher takes the sampled tokens
+    logits: Optional[torch.Tensor] = None  # launched with deferred masks: not sampled yet (``finish``)
+    pending_mask: Optional["PendingMask"] = None  # its masks, filling (``collect(..., masks_of=)``)
 
 
 def _verification_rows(states: list[SamplingRow], drafts: list[list[int]]) -> tuple[list[SamplingRow], list[int]]:

@@ -120,3 +120,18 @@ def test_litellm_response_format(smollm2_server, monkeypatch):
                                   response_format={"type": "json_schema",
                                                    "json_schema": {"name": "person", "schema": PERSON_SCHEMA}})
     jsonschema.validate(json.loads(response.choices[0].message.content), PERSON_SCHEMA)
+
+
+@pytest.mark.parametrize("mode", ["TOOLS", "JSON_SCHEMA"])
+def test_instructor_modes(smollm2_server, mode):
+    """instructor's two OpenAI-native modes: TOOLS (a named tool_choice, constrained to the model's
+    schema) and JSON_SCHEMA (response_format json_schema); the pydantic object comes back validated."""
+    import instructor
+    from openai import OpenAI
+
+    client = instructor.from_openai(OpenAI(base_url=smollm2_server.base_url, api_key="unused", max_retries=0),
+                                    mode=getattr(instructor.Mode, mode))
+    person = client.chat.completions.create(model=MODEL, response_model=Person, max_retries=0, temperature=0,
+                                            max_tokens=120,
+                                            messages=_messages(TEXT + " Give her name, age and city."))
+    assert isinstance(person, Person) and 0 <= person.age <= 120 and person.name

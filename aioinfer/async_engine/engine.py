@@ -35,7 +35,7 @@ from aioinfer.async_engine.stats import EngineObserver, StepStats, call_observer
 from aioinfer.async_engine.step_loop import AddRequest, FinishRequests, StepLoop, StepResult, Stop
 from aioinfer.config import EngineConfig
 from aioinfer.engine.delta import GenerationDelta
-from aioinfer.engine.input_processor import InputProcessor
+from aioinfer.engine.input_processor import InputProcessor, prompt_salt
 from aioinfer.engine.output_processor import OutputProcessor
 from aioinfer.errors import (AdmissionLimitExceeded, EngineDeadError, EngineNotReady, EngineOverloaded,
                              SlowConsumerError)
@@ -44,7 +44,7 @@ from aioinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-Prompt = Union[str, Sequence[int]]
+Prompt = Union[str, Sequence[int], dict]  # a string, token ids, or vLLM's TextPrompt / TokensPrompt
 _WATCHDOG_PERIOD = 0.25  # seconds between slow-consumer checks
 
 
@@ -293,7 +293,7 @@ class Engine:
             raise ValueError(f"priority must be an integer, got {priority!r}")
         text, prompt_ids = self._inputs.tokenize(prompt)
         request = self._inputs.make_request(request_id, prompt_ids, params, priority=priority,
-                                            cache_salt=cache_salt)
+                                            cache_salt=prompt_salt(prompt, cache_salt))
         self._core.scheduler.check_fits(request.num_prompt_tokens, request.max_tokens)  # immutable limits
         self._admit(len(prompt_ids))
         channel = RequestChannel.open(request_id, len(prompt_ids), self.stream_buffer_size, final_only=not stream,

@@ -33,6 +33,7 @@ from aioinfer.data_parallel.placement import replica_devices
 from aioinfer.data_parallel.replica import IndexedObserver, ReplicaEngine, RequestEndTracker, SharedTokenizer
 from aioinfer.data_parallel.router import Router
 from aioinfer.engine.delta import GenerationDelta
+from aioinfer.engine.input_processor import prompt_salt
 from aioinfer.errors import EngineDeadError, EngineNotReady, EngineOverloaded
 from aioinfer.sampling_params import SamplingParams
 
@@ -196,6 +197,7 @@ class DataParallelEngine:
         self._check_open()
         request_id = checked_request_id(request_id, self._open)
         prompt_ids = self._replicas[0].tokenize(prompt)  # once, here: the router hashes the ids
+        cache_salt = prompt_salt(prompt, cache_salt)  # a prompt dict's own salt
         self.check_admission((len(prompt_ids),))  # never admissible: 400; all replicas full: 429
         hashes = self.router.block_hashes(prompt_ids, cache_salt)
         route = self.router.choose(hashes, [r.is_ready and r.has_room(len(prompt_ids)) for r in self._replicas])

@@ -6,10 +6,21 @@ import random
 import time
 from typing import Optional, Sequence, Union
 
+from aioinfer.inputs import TextPrompt, TokensPrompt, unwrap_prompt
 from aioinfer.request import Request
 from aioinfer.sampling_params import SamplingParams
 
-PromptInput = Union[str, Sequence[int]]
+PromptInput = Union[str, Sequence[int], TextPrompt, TokensPrompt]
+
+
+def prompt_salt(prompt: PromptInput, cache_salt: Optional[str]) -> Optional[str]:
+    """The cache salt a request gets: the caller's, else its prompt dict's (both: they must agree)."""
+    if not isinstance(prompt, dict):
+        return cache_salt
+    _, own = unwrap_prompt(prompt)
+    if own is not None and cache_salt is not None and own != cache_salt:
+        raise ValueError("the prompt dict's cache_salt differs from the cache_salt argument")
+    return own if own is not None else cache_salt
 
 
 class InputProcessor:
@@ -32,13 +43,17 @@ class InputProcessor:
         return self._grammars
 
     def tokenize(self, prompt: PromptInput) -> tuple[Optional[str], list[int]]:
-        """Returns (prompt text or None, prompt token ids); raises ValueError on bad input."""
+        """Returns (prompt text or None, prompt token ids); raises ValueError on bad input. A vLLM
+        prompt dict (aioinfer/inputs.py) stands for its string or ids (its cache_salt: ``prompt_salt``)."""
+        if isinstance(prompt, dict):
+            prompt, _ = unwrap_prompt(prompt)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model has no tokenizer: pass prompts as token id lists")
             return prompt, list(self.tokenizer.encode(prompt))
         if isinstance(prompt, (bytes, dict)) or not isinstance(prompt, Sequence):
-            raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+            raise ValueError(f"a prompt must be a string, a list of token ids or a prompt dict, "
+                             f"got {type(prompt).__name__}")
         ids = list(prompt)
         # C-level passes first (a prompt is thousands of ids, and every request's ids pass here on
         # the event loop); the per-id Python checks only when one of them fails.

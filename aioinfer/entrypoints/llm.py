@@ -7,7 +7,7 @@ from typing import Any, Optional, Sequence, Union
 
 from aioinfer.config import EngineConfig
 from aioinfer.engine.engine_core import EngineCore
-from aioinfer.engine.input_processor import InputProcessor, PromptInput
+from aioinfer.engine.input_processor import InputProcessor, PromptInput, prompt_salt
 from aioinfer.engine.output_processor import OutputProcessor
 from aioinfer.entrypoints.chat_content import content_text
 from aioinfer.entrypoints.chat_tools import render_with_tools
@@ -89,7 +89,9 @@ class LLM:
         prepared = []
         for prompt, params, salt in zip(prompt_list, params_list, salts):
             text, ids = self.inputs.tokenize(prompt)
-            prepared.append((text, ids, params, salt))
+            if text is None and isinstance(prompt, dict):
+                text = prompt.get("prompt")  # a TokensPrompt may carry the text its ids stand for
+            prepared.append((text, ids, params, prompt_salt(prompt, salt)))
         return self._run(prepared, use_tqdm, priority)
 
     def chat(
@@ -190,7 +192,7 @@ def _text_messages(conversation: list[dict]) -> list[dict]:
 
 
 def _as_prompt_list(prompts) -> list[PromptInput]:
-    if isinstance(prompts, str):
+    if isinstance(prompts, (str, dict)):
         return [prompts]
     prompts = list(prompts)
     if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):

@@ -268,7 +268,9 @@ def _table(model_len: int) -> list[tuple[str, str, object, int, str | None]]:
         ("not-an-object", c, b"[1, 2]", 400, None),
         ("empty-body", c, b"", 400, None),
         ("invalid-utf8", c, b'{"prompt": "\xff\xfe"}', 400, None),
-        ("unknown-field", c, {"prompt": "hi", "max_token": 3}, 400, "max_token"),
+        ("not-supported-yet", c, {"prompt": "hi", "prompt_logprobs": 1}, 400, "prompt_logprobs"),
+        ("chat-not-supported-yet", ch, {"messages": msg, "chat_template_kwargs": {"x": 1}}, 400,
+         "chat_template_kwargs"),
         ("missing-prompt", c, {"max_tokens": 3}, 400, "prompt"),
         ("prompt-number", c, {"prompt": 123}, 400, "prompt"),
         ("prompt-mixed-list", c, {"prompt": [1, "a"]}, 400, "prompt"),
@@ -343,6 +345,25 @@ def test_invalid_requests(server, case):
         assert error["param"] == param, error
     if "too-long" in case[0]:
         assert error["code"] == "context_length_exceeded" and "context length" in error["message"]
+
+
+def test_unknown_fields_are_ignored_and_named_in_a_header(server, model_name):
+    """As vLLM: a client's extra fields (``metadata``, ``store``, a typo) do not fail the call; the
+    answer is the one without them, and X-Aioinfer-Ignored-Fields names what was ignored."""
+    c, ch = server.url + "/v1/completions", server.url + "/v1/chat/completions"
+    base = {"model": model_name, "prompt": "The sky is", "max_tokens": 4, "temperature": 0}
+    plain = httpx.post(c, json=base)
+    extra = httpx.post(c, json={**base, "metadata": {"k": "v"}, "max_token": 3})
+    assert extra.status_code == 200 and extra.headers["X-Aioinfer-Ignored-Fields"] == "metadata, max_token"
+    assert "X-Aioinfer-Ignored-Fields" not in plain.headers
+    assert extra.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
+    messages = [{"role": "user", "content": "hi", "annotations": []}]
+    chat = {"model": model_name, "messages": messages, "max_tokens": 4, "temperature": 0, "store": False,
+            "reasoning_effort": "low"}
+    for stream in (False, True):
+        response = httpx.post(ch, json={**chat, "stream": stream})
+        assert response.status_code == 200, response.text
+        assert response.headers["X-Aioinfer-Ignored-Fields"] == "store, reasoning_effort, messages[0].annotations"
 
 
 def test_http_errors_and_health_after_bad_requests(server, client, model_name):

@@ -67,7 +67,7 @@ def test_chat_request_to_params():
 @pytest.mark.parametrize("body, param", [
     (b'{"prompt": "x", "max_tokens": true}', "max_tokens"),
     (b'{"prompt": [[1], []]}', "prompt"),
-    (b'{"prompt": "x", "extra": 1}', "extra"),
+    (b'{"prompt": "x", "bad_words": ["no"]}', "bad_words"),  # would change the result: refused, not ignored
     (b'{"prompt": "x", "stream_options": {"include_usage": 1}}', "stream_options.include_usage"),
 ])
 def test_parse_errors_name_the_field(body, param):

@@ -1,9 +1,13 @@
-"""Request bodies of the OpenAI-compatible API (pydantic, strict, unknown fields rejected).
+"""Request bodies of the OpenAI-compatible API (pydantic, strict).
 
 Strict mode on JSON input: ``"5"`` is not a number and ``1.5`` is not an integer, as in OpenAI's
-API. Unknown fields are a 400 naming the field, so that a typo (``max_token``) is not silently
-ignored. Range checks that ``SamplingParams`` also makes are repeated here only where the pydantic
-error names the field better.
+API. Unknown top-level fields of completions and chat requests, and of chat messages, are accepted
+and ignored, as vLLM does (a client's new field, ``metadata``, ``store``, ``reasoning_effort``, must
+not break a working call): ``ignored_fields`` names them for a warning log line and the
+``X-Aioinfer-Ignored-Fields`` response header. Fields that would change the result but are not
+supported yet (``NOT_SUPPORTED_YET``) are a 400 that says so. Nested objects (``stream_options``,
+content parts, tools) stay strict. Range checks that ``SamplingParams`` also makes are repeated
+here only where the pydantic error names the field better.
 """
 
 from __future__ import annotations
@@ -24,6 +28,23 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
+# Known fields (vLLM's or OpenAI's) that would change the output if honoured: refused, not ignored.
+NOT_SUPPORTED_YET = frozenset({
+    "prompt_logprobs", "return_token_ids", "return_tokens_as_token_ids", "continue_final_message",
+    "truncate_prompt_tokens", "bad_words", "allowed_token_ids", "prediction", "audio", "modalities",
+    "chat_template", "chat_template_kwargs", "documents", "mm_processor_kwargs", "logits_processors",
+    "vllm_xargs", "functions", "function_call", "structural_tag", "kv_transfer_params",
+})
+
+
+def ignored_fields(req: BaseModel) -> list[str]:
+    """The unknown fields a request was sent with (``messages[i].name`` for a message's), in order."""
+    names = list(req.model_extra or ())
+    for i, message in enumerate(getattr(req, "messages", None) or ()):
+        names.extend(f"messages[{i}].{key}" for key in (message.model_extra or ()))
+    return names
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM: usage in every chunk
@@ -31,7 +52,9 @@ class StreamOptions(_Strict):
 
 class _SamplingFields(_Strict, StructuredFields):
     """Fields shared by completions and chat (OpenAI's and vLLM's common extras; the structured-output
-    ones in structured.py)."""
+    ones in structured.py). Unknown ones are kept aside (``ignored_fields``)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     model: Optional[str] = None  # optional as in vLLM: absent means the served model
     temperature: Optional[float] = Field(default=None, ge=0)
@@ -115,6 +138,7 @@ def _text_only(part: Any) -> Any:
 
 
 class ChatMessage(_Strict):
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)  # see ignored_fields
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[Annotated[TextPart, BeforeValidator(_text_only)]], None] = None
     name: Optional[str] = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
@@ -13,8 +14,10 @@ from pydantic import BaseModel, ValidationError
 from aioinfer.engine.delta import GenerationDelta
 from aioinfer.entrypoints.openai.client_stall import probe_for
 from aioinfer.entrypoints.openai.errors import bad_request, from_engine_error, from_validation_error, shutting_down
+from aioinfer.entrypoints.openai.protocol import NOT_SUPPORTED_YET, ignored_fields
 from aioinfer.entrypoints.openai.shutdown import slot_of
 
+logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
@@ -61,7 +64,7 @@ async def admit_and_respond(engine, specs, request_id: str, req, job):
         raise from_engine_error(exc) from exc
     if slot is not None:
         slot.streams.append(streams)  # the shutdown finds it there (shutdown.py)
-    headers = {"X-Request-Id": request_id}
+    headers = {"X-Request-Id": request_id, **ignored_header(req)}
     if req.stream:
         return sse_response(job.stream(streams), headers=headers)
     return json_response(await job.full(streams), headers=headers)
@@ -78,11 +81,25 @@ def parse_body(model: type[M], body: bytes) -> M:
     if not body.strip():
         raise bad_request("The request body is empty; send a JSON object.", code="invalid_json")
     try:
-        return model.model_validate_json(body)
+        req = model.model_validate_json(body)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
     except ValueError as exc:  # e.g. invalid UTF-8
         raise bad_request(f"Malformed JSON body: {exc}", code="invalid_json") from None
+    ignored = ignored_fields(req)
+    if ignored:
+        refused = [name for name in ignored if name.rpartition(".")[2] in NOT_SUPPORTED_YET]
+        if refused:
+            raise bad_request(f"{refused[0]} is not supported yet by this server", param=refused[0],
+                              code="unsupported_parameter")
+        logger.warning("ignored request fields: %s", ", ".join(ignored))
+    return req
+
+
+def ignored_header(req) -> dict[str, str]:
+    """``X-Aioinfer-Ignored-Fields``: the unknown fields the request was answered without."""
+    ignored = ignored_fields(req)
+    return {"X-Aioinfer-Ignored-Fields": ", ".join(ignored)} if ignored else {}
 
 
 def new_request_id(prefix: str, client_id: Optional[str]) -> str:

@@ -102,6 +102,8 @@ class LLM:
         chat_template: Optional[str] = None,
         add_generation_prompt: bool = True,
         tools: Optional[list[dict]] = None,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Optional[dict[str, Any]] = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, through the tokenizer's chat template.
 
@@ -109,13 +111,18 @@ class LLM:
         (joined with newlines, as the server does); other part types raise ValueError naming them.
         ``tools`` (OpenAI's function definitions) go through the chat template, as in vLLM (or, for a
         template that ignores them, a system message: the server's rule); the reply is text (the server
-        parses tool calls out of it: entrypoints/openai/tool_calls.py)."""
+        parses tool calls out of it: entrypoints/openai/tool_calls.py). ``continue_final_message``: the
+        last (assistant) message is left open and the reply continues it (needs
+        ``add_generation_prompt=False``); ``chat_template_kwargs``: extra variables for the template."""
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message needs add_generation_prompt=False")
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so no chat template")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         conversations = [_text_messages(conv) for conv in conversations]  # all checked before any runs
-        prompts = [render_with_tools(self.tokenizer, conv, tools, chat_template=chat_template,
-                                     add_generation_prompt=add_generation_prompt)
+        options = {**(chat_template_kwargs or {}), "add_generation_prompt": add_generation_prompt,
+                   "continue_final_message": continue_final_message}
+        prompts = [render_with_tools(self.tokenizer, conv, tools, chat_template=chat_template, **options)
                    for conv in conversations]
         # The template already holds the special tokens (BOS etc.): tokenize without adding more.
         token_lists = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]

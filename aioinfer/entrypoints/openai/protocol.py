@@ -30,9 +30,9 @@ class _Strict(BaseModel):
 
 # Known fields (vLLM's or OpenAI's) that would change the output if honoured: refused, not ignored.
 NOT_SUPPORTED_YET = frozenset({
-    "prompt_logprobs", "return_token_ids", "return_tokens_as_token_ids", "continue_final_message",
+    "prompt_logprobs", "return_token_ids", "return_tokens_as_token_ids",
     "truncate_prompt_tokens", "bad_words", "allowed_token_ids", "prediction", "audio", "modalities",
-    "chat_template", "chat_template_kwargs", "documents", "mm_processor_kwargs", "logits_processors",
+    "chat_template", "documents", "mm_processor_kwargs", "logits_processors",
     "vllm_xargs", "functions", "function_call", "structural_tag", "kv_transfer_params",
 })
 
@@ -166,6 +166,29 @@ class ChatCompletionRequest(_SamplingFields, ToolFields):
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=_LOGPROBS_MAX)
     add_generation_prompt: bool = True
+    # vLLM: the last (assistant) message left open, so the reply continues it
+    continue_final_message: bool = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # vLLM: extra variables for the chat template
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value):
+        reserved = sorted(set(value or ()) & RESERVED_TEMPLATE_KWARGS)
+        if reserved:
+            raise ValueError(f"{reserved} are set by the request itself, not through chat_template_kwargs")
+        return value
+
+    def template_options(self) -> dict[str, Any]:
+        """What the chat template is rendered with besides the messages and tools."""
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message needs add_generation_prompt false")
+        return {**(self.chat_template_kwargs or {}), "add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message}
+
+
+# Arguments of the tokenizer's apply_chat_template that the request sets in its own fields.
+RESERVED_TEMPLATE_KWARGS = frozenset({"conversation", "messages", "tools", "tokenize", "chat_template",
+                                      "add_generation_prompt", "continue_final_message", "return_dict"})
 
 
 class TokenizeRequest(_Strict):

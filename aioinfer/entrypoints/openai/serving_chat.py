@@ -35,7 +35,11 @@ async def create_chat_completion(state: ServerState, body: bytes, client_id: Opt
     engine = engine_for(state, req)
     plan = tool_plan(req)
     base = chat_params(req, state.model_defaults(), tool_constraint=plan.constraint if plan else None)
-    prompt_ids = apply_chat_template(engine, req.messages, req.add_generation_prompt, tools=plan.tools if plan else None)
+    try:
+        options = req.template_options()
+    except ValueError as exc:
+        raise bad_request(str(exc), param="continue_final_message") from None
+    prompt_ids = apply_chat_template(engine, req.messages, tools=plan.tools if plan else None, **options)
 
     request_id = new_request_id("chatcmpl", client_id)
     specs = [ChoiceSpec(index=i, prompt_index=0, prompt=prompt_ids, params=choice_params(base, i))
@@ -44,8 +48,8 @@ async def create_chat_completion(state: ServerState, body: bytes, client_id: Opt
     return await admit_and_respond(engine, specs, request_id, req, job)
 
 
-def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prompt: bool,
-                        tools: Optional[list[dict]] = None) -> list[int]:
+def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                        tools: Optional[list[dict]] = None, **template_kwargs) -> list[int]:
     """The offline ``LLM.chat`` recipe: render the template, then tokenize without adding special tokens.
     ``tools`` go through the template; one that ignores them gets them as a system message (chat_tools.py)."""
     tokenizer = engine.tokenizer
@@ -54,7 +58,8 @@ def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prom
     conversation = [m.for_template() for m in messages]
 
     try:
-        text = render_with_tools(tokenizer, conversation, tools, add_generation_prompt=add_generation_prompt)
+        text = render_with_tools(tokenizer, conversation, tools, add_generation_prompt=add_generation_prompt,
+                                 **template_kwargs)
     except Exception as exc:  # noqa: BLE001 - jinja errors ("roles must alternate") are the user's input
         raise bad_request(f"the chat template rejected the messages: {exc}", param="messages") from None
     ids = list(tokenizer.encode(text, add_special_tokens=False))

@@ -139,3 +139,12 @@ def test_port_in_use_exits_1_with_one_line(model_dir):
         result = run_serve(["--model", model_dir, "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)])
     assert_one_line_error(result, 1, f"port {port} on 127.0.0.1 is already in use")
     assert result.stderr.strip() == f"aioinfer serve: error: port {port} on 127.0.0.1 is already in use"
+
+
+def test_vllm_spellings_positional_model_short_flags_trust_remote_code():
+    config = config_from_args(parse(["/models/qwen", "-tp", "2", "-dp", "1", "--trust-remote-code"]), {})
+    assert config.model == "/models/qwen"
+    assert config.engine_kwargs["tensor_parallel_size"] == 2 and config.engine_kwargs["data_parallel_size"] == 1
+    assert config_from_args(parse(["m", "--model", "m"]), {}).model == "m"  # the same twice is fine
+    with pytest.raises(ValueError, match="given twice"):
+        config_from_args(parse(["a", "--model", "b"]), {})

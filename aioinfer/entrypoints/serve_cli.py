@@ -111,6 +111,8 @@ def _port(value: str) -> int:
     return port
 
 
+# vLLM's short spellings.
+_SHORT_FLAGS = {"tensor_parallel_size": ("-tp",), "data_parallel_size": ("-dp",)}
 # Options whose values argparse checks with a parser of its own (a clear message, status 2).
 _ARGUMENT_TYPES = {"device": _device, "speculative_config": _speculative_config}
 
@@ -119,9 +121,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     """Add the ``serve`` subcommand to the main CLI; it sets ``func=run_serve``."""
     # A one-line usage: the full one lists every flag, and would bury the one-line error under it.
     parser = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server", prog=PROG,
-                                   usage="%(prog)s [options]  (all options: %(prog)s --help)",
+                                   usage="%(prog)s [MODEL] [options]  (all options: %(prog)s --help)",
                                    description=__doc__, formatter_class=_HelpFormatter)
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="the model, as vLLM takes it (`aioinfer serve MODEL`); same as --model")
     parser.add_argument("--model", default=None, help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--trust-remote-code", action=_Switch, default=None,
+                        help="accepted for vLLM's command lines; no effect (no model code is ever downloaded)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all interfaces)")
     parser.add_argument("--port", type=_port, default=8000)
     for flag, (_, typ, text) in _SERVER_FLAGS.items():
@@ -129,12 +135,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     for option, typ in ENGINE_OPTIONS.items():
         if option == "fault_inject_step":
             continue  # tests only (AIOINFER_FAULT_INJECT_STEP)
-        flag = "--" + option.replace("_", "-")
+        flags = ["--" + option.replace("_", "-"), *_SHORT_FLAGS.get(option, ())]
         # default None everywhere: an absent flag leaves the AIOINFER_* variable (or the default) in force
         if typ is bool:
-            parser.add_argument(flag, dest=option, action=_Switch, default=None, help=_ENGINE_HELP.get(option))
+            parser.add_argument(*flags, dest=option, action=_Switch, default=None, help=_ENGINE_HELP.get(option))
         else:
-            parser.add_argument(flag, dest=option, type=_ARGUMENT_TYPES.get(option, typ), default=None,
+            parser.add_argument(*flags, dest=option, type=_ARGUMENT_TYPES.get(option, typ), default=None,
                                 choices=_ENGINE_CHOICES.get(option), help=_ENGINE_HELP.get(option))
     parser.add_argument("--disable-log-requests", action="store_true", help="no per-request JSON log lines")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -145,8 +151,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 def config_from_args(args: argparse.Namespace, environ=None) -> ServerConfig:
     config = ServerConfig.from_env(environ)
     changes: dict[str, Any] = {}
-    if args.model is not None:
-        changes["model"] = args.model
+    model_tag = getattr(args, "model_tag", None)
+    if model_tag is not None and args.model is not None and model_tag != args.model:
+        raise ValueError(f"the model is given twice: {model_tag!r} and --model {args.model!r}")
+    model = args.model if args.model is not None else model_tag
+    if model is not None:
+        changes["model"] = model
     for _, (name, _, _) in _SERVER_FLAGS.items():
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)

@@ -51,8 +51,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--alternate", type=int, default=1,
                    help="engines started off, on, off, on, ... this many pairs; speed-up: the median pair's")
-    p.add_argument("--speculative-config", default='{"method": "ngram", "num_speculative_tokens": 4, '
-                                                   '"prompt_lookup_max": 4, "prompt_lookup_min": 2}')
+    p.add_argument("--speculative-config", default='{"method": "ngram", "num_speculative_tokens": 8, '
+                                                   '"prompt_lookup_max": 4, "prompt_lookup_min": 2}',
+                   help="default: k = 8, the setting docs/spec_decode.md's figures are for")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, help="default: the engine's (bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.4)

@@ -13,6 +13,7 @@ import threading
 from collections import OrderedDict
 from typing import Sequence
 
+from aioinfer.structured_output.llg_tokenizer import llg_tokenizer
 from aioinfer.structured_output.params import InvalidGrammarError, StructuredOutputsParams
 
 _CACHE_SIZE = 256  # distinct grammars kept (a matcher is a few KB to a few MB)
@@ -53,12 +54,9 @@ class GrammarCompiler:
     def llg_tokenizer(self):
         """The llguidance view of the tokenizer: the model's vocabulary size, its EOS ids as EOS."""
         if self._tokenizer is None:
-            import llguidance.hf
-
             with self._lock:
                 if self._tokenizer is None:
-                    self._tokenizer = llguidance.hf.from_tokenizer(
-                        self._hf_tokenizer, n_vocab=self._vocab_size, eos_token=self._eos_token_ids or None)
+                    self._tokenizer = llg_tokenizer(self._hf_tokenizer, self._vocab_size, self._eos_token_ids)
         return self._tokenizer
 
     def _build(self, params: StructuredOutputsParams):

@@ -15,6 +15,7 @@ after it are discarded by verification anyway, since that draft is not in the ma
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ import numpy as np
 import torch
 
 from aioinfer.worker.sampling_metadata import SamplingRow, host_to_device
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -55,6 +58,27 @@ class GrammarMasks:
         self._bit_values = torch.from_numpy((np.uint32(1) << np.arange(32, dtype=np.uint32)).view(np.int32)).to(device)
         self.fill_seconds = 0.0  # host time spent filling masks, for benchmarks
         self.num_fills = 0
+
+    def advance(self, rows: Sequence[tuple[SamplingRow, int]]) -> None:
+        """Each row's matcher takes its one new token, in llguidance's threads (one call for the batch,
+        without the GIL: 256 matchers one by one held the GIL about 0.5 ms a step). A stopped matcher
+        (complete: only EOS was allowed, and taken unless ignore_eos) takes none. The tokens were
+        sampled under the masks, so they fit; a failure means a bug, and the matcher's error state
+        then allows EOS only."""
+        live = [(state.grammar, token_id) for state, token_id in rows if not state.grammar.is_stopped()]
+        if not live:
+            return
+        for (matcher, token_id), accepted in zip(live, self._llg_executor().consume_token_par(live)):
+            if not accepted:
+                logger.error("structured outputs: the grammar rejected sampled token %d: %s", token_id,
+                             matcher.get_error())
+
+    def _llg_executor(self):
+        if self._executor is None:
+            import llguidance
+
+            self._executor = llguidance.LLExecutor()
+        return self._executor
 
     def fill(self, states: Sequence[SamplingRow], drafts: Optional[Sequence[list[int]]]) -> Optional[StepMask]:
         """Masks for the rows of requests with a grammar, or None when the step has none."""
@@ -99,10 +123,7 @@ class GrammarMasks:
             num_rows += width
         if not entries:
             return None
-        if self._executor is None:
-            import llguidance
-
-            self._executor = llguidance.LLExecutor()
+        self._llg_executor()
         pinned = self.device.type == "cuda"
         if drafts is None:  # the executor writes every row whole: no need to clear 4.9 MB (256 rows, 151k vocab)
             host = torch.empty((len(rows), self.num_words), dtype=torch.int32, pin_memory=pinned)

@@ -236,8 +236,7 @@ class ModelRunner:
             advances = [(launched.states[i], token_ids[i]) for i in launched.grammar_states]
 
             def advance() -> None:
-                for state, token_id in advances:
-                    _advance(state, [token_id])
+                self.grammar_masks.advance(advances)
             if masks_of is not None and masks_of.logits is not None:
                 masks_of.pending_mask = self.grammar_masks.fill_in_background(masks_of.states, advance)
             else:

@@ -77,6 +77,10 @@ class ServerConfig:
     # Connections the kernel queues for accept (0: leave the HTTP server's own, hypercorn's 100);
     # entrypoints/openai/listen_backlog.py says why 2048.
     listen_backlog: int = 2048
+    # vLLM's switches of the same names (off by default, as there):
+    enable_request_id_headers: bool = False  # every response carries X-Request-Id (the client's, or a new one)
+    enable_force_include_usage: bool = False  # streams end with a usage chunk even without stream_options
+    enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (it shows the chat template)
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # see ENGINE_OPTIONS
 
     def __post_init__(self) -> None:
@@ -147,6 +151,7 @@ class _UnlessRootHandles(logging.StreamHandler):
 _FIELD_TYPES: dict[str, type] = {
     "model": str, "served_model_name": str, "api_key": str, "max_body_bytes": int,
     "shutdown_grace": float, "max_n": int, "log_requests": bool, "listen_backlog": int,
+    "enable_request_id_headers": bool, "enable_force_include_usage": bool, "enable_tokenizer_info_endpoint": bool,
 }
 
 

@@ -35,6 +35,15 @@ _SERVER_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-n": ("max_n", int, "largest n accepted"),
     "--listen-backlog": ("listen_backlog", int, "connections queued for accept (0: hypercorn's 100; default 2048)"),
 }
+# switch -> (ServerConfig field, help): --x / --no-x
+_SERVER_SWITCHES: dict[str, tuple[str, str]] = {
+    "--enable-request-id-headers": ("enable_request_id_headers",
+                                    "add X-Request-Id to every response (the client's, or a new one)"),
+    "--enable-force-include-usage": ("enable_force_include_usage",
+                                     "end every stream with a usage chunk, as if stream_options.include_usage"),
+    "--enable-tokenizer-info-endpoint": ("enable_tokenizer_info_endpoint",
+                                         "serve GET /tokenizer_info (the tokenizer's config and chat template)"),
+}
 _ENGINE_HELP = {
     "max_model_len": "context length (default: the model's)",
     "max_num_seqs": "requests running at once",
@@ -55,7 +64,7 @@ _ENGINE_HELP = {
     "enforce_eager": "no CUDA graphs (default: --no-enforce-eager, graphs on CUDA)",
     "async_scheduling": "schedule step N+1 before step N's results are back (default: on CUDA, off on CPU)",
     "enable_prefix_caching": "reuse KV blocks of equal prompt prefixes (default: on)",
-    "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'",
+    "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 8}'",
 }
 # Values argparse checks up front (status 2), from the engine config's own lists.
 _ENGINE_CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "preemption_mode": PREEMPTION_MODES}
@@ -132,6 +141,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument("--port", type=_port, default=8000)
     for flag, (_, typ, text) in _SERVER_FLAGS.items():
         parser.add_argument(flag, type=typ, default=None, help=text)
+    for flag, (name, text) in _SERVER_SWITCHES.items():
+        parser.add_argument(flag, dest=name, action=_Switch, default=None, help=text)
     for option, typ in ENGINE_OPTIONS.items():
         if option == "fault_inject_step":
             continue  # tests only (AIOINFER_FAULT_INJECT_STEP)
@@ -157,8 +168,8 @@ def config_from_args(args: argparse.Namespace, environ=None) -> ServerConfig:
     model = args.model if args.model is not None else model_tag
     if model is not None:
         changes["model"] = model
-    for _, (name, _, _) in _SERVER_FLAGS.items():
-        if getattr(args, name) is not None:
+    for name in [name for name, _, _ in _SERVER_FLAGS.values()] + [name for name, _ in _SERVER_SWITCHES.values()]:
+        if getattr(args, name, None) is not None:
             changes[name] = getattr(args, name)
     if args.disable_log_requests:
         changes["log_requests"] = False

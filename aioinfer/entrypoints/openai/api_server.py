@@ -11,6 +11,7 @@ import hmac
 import math
 import logging
 import time
+import uuid
 from typing import Optional
 
 from quart import Quart, request
@@ -25,7 +26,7 @@ from aioinfer.entrypoints.openai.server_state import ServerState
 from aioinfer.entrypoints.openai.shutdown import EndOpenResponses
 from aioinfer.entrypoints.openai.serving_chat import create_chat_completion
 from aioinfer.entrypoints.openai.serving_completions import create_completion
-from aioinfer.entrypoints.openai.serving_tokens import detokenize, tokenize
+from aioinfer.entrypoints.openai.serving_tokens import detokenize, tokenize, tokenizer_info
 from aioinfer.entrypoints.openai.sse import json_response
 from aioinfer.metrics import CONTENT_TYPE
 from aioinfer.server_config import ServerConfig
@@ -83,6 +84,10 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
 
     @app.after_request
     async def _account(response):
+        # vLLM's switch: every response carries the client's id back, or a new one (without it only the
+        # generation routes send X-Request-Id: their response's id, serving_common.admit_and_respond).
+        if config.enable_request_id_headers:
+            response.headers["X-Request-Id"] = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         if state.metrics is not None:
             route = request.url_rule.rule if request.url_rule is not None else "unmatched"
             state.metrics.observe_http(route, response.status_code)
@@ -141,6 +146,11 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
     @app.post("/detokenize")
     async def detokenize_route():
         return json_response(detokenize(state, await json_body()))
+
+    if config.enable_tokenizer_info_endpoint:  # off by default, as vLLM's: it shows the chat template
+        @app.get("/tokenizer_info")
+        async def tokenizer_info_route():
+            return json_response(tokenizer_info(state))
 
     # ------------------------------------------------------------------ operations
 

@@ -25,6 +25,7 @@ from aioinfer.entrypoints.openai.serving_common import (
     parse_body,
     stop_reason_json,
     stream_error_event,
+    stream_usage,
     usage,
 )
 from aioinfer.entrypoints.openai.sse import DONE, EventTemplate, event, text_marker
@@ -44,7 +45,8 @@ async def create_chat_completion(state: ServerState, body: bytes, client_id: Opt
     request_id = new_request_id("chatcmpl", client_id)
     specs = [ChoiceSpec(index=i, prompt_index=0, prompt=prompt_ids, params=choice_params(base, i))
              for i in range(req.n)]
-    job = _Job(req, request_id, state.served_model_name, specs, len(prompt_ids), plan)
+    job = _Job(req, request_id, state.served_model_name, specs, len(prompt_ids), plan,
+               force_usage=state.config.enable_force_include_usage)
     return await admit_and_respond(engine, specs, request_id, req, job)
 
 
@@ -70,10 +72,11 @@ def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prom
 
 class _Job:
     def __init__(self, req: ChatCompletionRequest, request_id: str, model: str, specs: list[ChoiceSpec],
-                 prompt_length: int, plan: Optional[ToolPlan] = None) -> None:
+                 prompt_length: int, plan: Optional[ToolPlan] = None, force_usage: bool = False) -> None:
         self.req, self.id, self.model, self.created = req, request_id, model, now()
         self.plan = plan if plan is not None and plan.parses else None  # None: the text is the answer
         self.prompt_length = prompt_length
+        self.force_usage = force_usage  # --enable-force-include-usage
         self.top_n = req.top_logprobs or 0
         self.results = {s.index: ChoiceResult(index=s.index, prompt_index=0) for s in specs}
 
@@ -142,9 +145,7 @@ class _Job:
         return chunks
 
     async def stream(self, streams: ChoiceStreams) -> AsyncIterator[bytes]:
-        options = self.req.stream_options
-        include_usage = options is not None and options.include_usage
-        continuous = include_usage and options.continuous_usage_stats
+        include_usage, continuous = stream_usage(self.req.stream_options, self.force_usage)
         kind = "chat.completion.chunk"
         templates: dict[int, EventTemplate] = {}  # per choice: the content-only chunk, encoded once
 

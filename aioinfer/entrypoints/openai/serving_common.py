@@ -109,6 +109,13 @@ def new_request_id(prefix: str, client_id: Optional[str]) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def stream_usage(stream_options, force: bool) -> tuple[bool, bool]:
+    """(a usage chunk ends the stream, every chunk carries usage): ``stream_options`` as the client
+    sent them; ``force``: ``--enable-force-include-usage`` (vLLM's), usage even when not asked for."""
+    include = force or (stream_options is not None and stream_options.include_usage)
+    return include, include and stream_options is not None and stream_options.continuous_usage_stats
+
+
 def now() -> int:
     return int(time.time())
 

@@ -23,6 +23,7 @@ from aioinfer.entrypoints.openai.serving_common import (
     parse_body,
     stop_reason_json,
     stream_error_event,
+    stream_usage,
     usage,
 )
 from aioinfer.entrypoints.openai.sse import DONE, EventTemplate, event, text_marker
@@ -39,7 +40,8 @@ async def create_completion(state: ServerState, body: bytes, client_id: Optional
     request_id = new_request_id("cmpl", client_id)
     specs = [ChoiceSpec(index=pi * req.n + i, prompt_index=pi, prompt=ids, params=choice_params(base, i))
              for pi, ids in enumerate(prompt_ids) for i in range(req.n)]
-    job = _Job(req, request_id, state.served_model_name, specs, [len(ids) for ids in prompt_ids], echoes)
+    job = _Job(req, request_id, state.served_model_name, specs, [len(ids) for ids in prompt_ids], echoes,
+               force_usage=state.config.enable_force_include_usage)
     return await admit_and_respond(engine, specs, request_id, req, job)
 
 
@@ -64,9 +66,10 @@ def _echo_text(engine, prompt, ids: list[int]) -> str:
 
 class _Job:
     def __init__(self, req: CompletionRequest, request_id: str, model: str, specs: list[ChoiceSpec],
-                 prompt_lengths: list[int], echoes: list[str]) -> None:
+                 prompt_lengths: list[int], echoes: list[str], force_usage: bool = False) -> None:
         self.req, self.id, self.model, self.created = req, request_id, model, now()
         self.prompt_lengths, self.echoes = prompt_lengths, echoes
+        self.force_usage = force_usage  # --enable-force-include-usage
         self.results = {s.index: ChoiceResult(index=s.index, prompt_index=s.prompt_index) for s in specs}
         self.logprobs = {s.index: CompletionLogprobs(req.logprobs, len(echoes[s.prompt_index]))
                          for s in specs} if req.logprobs is not None else None
@@ -111,9 +114,7 @@ class _Job:
         return EventTemplate(chunk)
 
     async def stream(self, streams: ChoiceStreams) -> AsyncIterator[bytes]:
-        options = self.req.stream_options
-        include_usage = options is not None and options.include_usage
-        continuous = include_usage and options.continuous_usage_stats
+        include_usage, continuous = stream_usage(self.req.stream_options, self.force_usage)
         echoed: set[int] = set()
         templates: dict[int, EventTemplate] = {}  # per choice: the text-only chunk, encoded once
         try:

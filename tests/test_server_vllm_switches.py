@@ -1,0 +1,97 @@
+"""vLLM's server switches --enable-request-id-headers, --enable-force-include-usage and
+--enable-tokenizer-info-endpoint, through the serve CLI with the real openai client; and their
+defaults (all off) under plain hypercorn."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from aioinfer import LLM
+from server_process import run_server
+from tiny_models import make_tiny_model_dir
+
+ENGINE_ENV = {"AIOINFER_DTYPE": "float32", "AIOINFER_DEVICE": "cpu", "AIOINFER_MAX_MODEL_LEN": "256",
+              "AIOINFER_NUM_KV_BLOCKS": "64", "AIOINFER_BLOCK_SIZE": "16"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(make_tiny_model_dir(tmp_path_factory.mktemp("qwen2"), arch="qwen2"))
+
+
+def _usage_chunks(stream) -> list:
+    return [chunk.usage for chunk in stream if chunk.usage is not None]
+
+
+def test_switches_on(model_dir):
+    argv = ["{python}", "-m", "aioinfer", "serve", model_dir, "--port", "{port}", "--enable-request-id-headers",
+            "--enable-force-include-usage", "--enable-tokenizer-info-endpoint"]
+    with run_server(ENGINE_ENV, argv=argv) as server:
+        client = OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+        model = client.models.list().data[0].id
+
+        # request ids: the client's comes back; without one, a fresh id on every response
+        raw = client.completions.with_raw_response.create(model=model, prompt="Hello", max_tokens=3,
+                                                          extra_headers={"X-Request-Id": "trace-42"})
+        assert raw.headers["x-request-id"] == "trace-42"
+        fresh = {httpx.get(server.url + "/v1/models").headers["x-request-id"] for _ in range(2)}
+        assert len(fresh) == 2 and all(re.fullmatch(r"[0-9a-f]{32}", rid) for rid in fresh)
+        assert httpx.get(server.url + "/health").headers["x-request-id"]
+
+        # usage ends every stream, asked for or not; still in the stream's last chunk only
+        completion = list(client.completions.create(model=model, prompt="Hello", max_tokens=5, stream=True))
+        usage = _usage_chunks(completion)
+        assert len(usage) == 1 and completion[-1].usage == usage[0] and not completion[-1].choices
+        assert usage[0].completion_tokens == 5
+        chat = list(client.chat.completions.create(model=model, max_tokens=4, stream=True,
+                                                   messages=[{"role": "user", "content": "Hi"}]))
+        assert len(_usage_chunks(chat)) == 1 and chat[-1].usage.completion_tokens == 4
+        # continuous usage stats still need stream_options
+        both = list(client.completions.create(model=model, prompt="Hello", max_tokens=3, stream=True,
+                                              stream_options={"include_usage": True},
+                                              extra_body={"stream_options": {"include_usage": True,
+                                                                             "continuous_usage_stats": True}}))
+        assert len(_usage_chunks(both)) == len(both)
+
+        # the tokenizer's configuration, as its tokenizer_config.json holds it
+        info = httpx.get(server.url + "/tokenizer_info")
+        assert info.status_code == 200, info.text
+        info = info.json()
+        tokenizer = LLM(model=model_dir, device="cpu", dtype="float32", max_model_len=256,
+                        num_kv_blocks=16).get_tokenizer()
+        assert info["tokenizer_class"] == type(tokenizer).__name__
+        assert info["chat_template"] == tokenizer.chat_template
+        assert info["eos_token"] == tokenizer.eos_token
+        added = info["added_tokens_decoder"]
+        assert added and all(key.isdigit() and {"content", "special"} <= set(token) for key, token in added.items())
+        assert {int(key): token["content"] for key, token in added.items()} == {
+            token_id: token.content for token_id, token in tokenizer.added_tokens_decoder.items()}
+
+
+def test_switches_off_by_default(model_dir):
+    with run_server({**ENGINE_ENV, "AIOINFER_MODEL": model_dir}) as server:  # plain hypercorn
+        client = OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+        model = client.models.list().data[0].id
+        raw = client.completions.with_raw_response.create(model=model, prompt="Hello", max_tokens=3,
+                                                          extra_headers={"X-Request-Id": "trace-42"})
+        assert raw.headers["x-request-id"] == "cmpl-trace-42" == raw.parse().id  # aioinfer's own: the response id
+        assert "x-request-id" not in httpx.get(server.url + "/v1/models").headers
+        stream = list(client.completions.create(model=model, prompt="Hello", max_tokens=3, stream=True))
+        assert _usage_chunks(stream) == []
+        missing = httpx.get(server.url + "/tokenizer_info")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_switches_from_the_environment():
+    from aioinfer.server_config import ServerConfig
+
+    config = ServerConfig.from_env({"AIOINFER_ENABLE_REQUEST_ID_HEADERS": "true",
+                                    "AIOINFER_ENABLE_FORCE_INCLUDE_USAGE": "1",
+                                    "AIOINFER_ENABLE_TOKENIZER_INFO_ENDPOINT": "yes"})
+    assert config.enable_request_id_headers and config.enable_force_include_usage
+    assert config.enable_tokenizer_info_endpoint
+    assert not ServerConfig.from_env({}).enable_request_id_headers

@@ -81,6 +81,7 @@ class ServerConfig:
     enable_request_id_headers: bool = False  # every response carries X-Request-Id (the client's, or a new one)
     enable_force_include_usage: bool = False  # streams end with a usage chunk even without stream_options
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (it shows the chat template)
+    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:<id>" unless a request says no
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # see ENGINE_OPTIONS
 
     def __post_init__(self) -> None:
@@ -152,6 +153,7 @@ _FIELD_TYPES: dict[str, type] = {
     "model": str, "served_model_name": str, "api_key": str, "max_body_bytes": int,
     "shutdown_grace": float, "max_n": int, "log_requests": bool, "listen_backlog": int,
     "enable_request_id_headers": bool, "enable_force_include_usage": bool, "enable_tokenizer_info_endpoint": bool,
+    "return_tokens_as_token_ids": bool,
 }
 
 

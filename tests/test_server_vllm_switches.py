@@ -29,7 +29,7 @@ def _usage_chunks(stream) -> list:
 
 def test_switches_on(model_dir):
     argv = ["{python}", "-m", "aioinfer", "serve", model_dir, "--port", "{port}", "--enable-request-id-headers",
-            "--enable-force-include-usage", "--enable-tokenizer-info-endpoint"]
+            "--enable-force-include-usage", "--enable-tokenizer-info-endpoint", "--return-tokens-as-token-ids"]
     with run_server(ENGINE_ENV, argv=argv) as server:
         client = OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
@@ -56,6 +56,13 @@ def test_switches_on(model_dir):
                                               extra_body={"stream_options": {"include_usage": True,
                                                                              "continuous_usage_stats": True}}))
         assert len(_usage_chunks(both)) == len(both)
+
+        # logprobs name tokens by id (the server's default), unless the request says otherwise
+        by_id = client.completions.create(model=model, prompt="Hello", max_tokens=4, logprobs=2, temperature=0)
+        assert all(re.fullmatch(r"token_id:\d+", t) for t in by_id.choices[0].logprobs.tokens)
+        by_text = client.completions.create(model=model, prompt="Hello", max_tokens=4, logprobs=2, temperature=0,
+                                            extra_body={"return_tokens_as_token_ids": False})
+        assert not any(re.fullmatch(r"token_id:\d+", t) for t in by_text.choices[0].logprobs.tokens)
 
         # the tokenizer's configuration, as its tokenizer_config.json holds it
         info = httpx.get(server.url + "/tokenizer_info")
@@ -84,6 +91,46 @@ def test_switches_off_by_default(model_dir):
         assert _usage_chunks(stream) == []
         missing = httpx.get(server.url + "/tokenizer_info")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def _ids(tokens: list[str]) -> list[int]:
+    assert all(re.fullmatch(r"token_id:\d+", token) for token in tokens), tokens
+    return [int(token.split(":")[1]) for token in tokens]
+
+
+def test_return_tokens_as_token_ids(model_dir):
+    """vLLM's request field: every logprobs token (sampled and top) named "token_id:<id>", the ids the
+    offline engine samples; completions and chat, streamed and not."""
+    from aioinfer import SamplingParams
+
+    llm = LLM(model=model_dir, device="cpu", dtype="float32", max_model_len=256, num_kv_blocks=16)
+    with run_server({**ENGINE_ENV, "AIOINFER_MODEL": model_dir}) as server:
+        client = OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+        model = client.models.list().data[0].id
+        extra = {"return_tokens_as_token_ids": True}
+        want = llm.generate(["Hello"], SamplingParams(max_tokens=6, temperature=0), use_tqdm=False)[0].outputs[0]
+        full = client.completions.create(model=model, prompt="Hello", max_tokens=6, logprobs=3, temperature=0,
+                                         extra_body=extra).choices[0].logprobs
+        assert _ids(full.tokens) == list(want.token_ids)
+        assert all(_ids(list(top)) for top in full.top_logprobs)
+        streamed = [chunk.choices[0].logprobs for chunk in client.completions.create(
+            model=model, prompt="Hello", max_tokens=6, logprobs=3, temperature=0, stream=True, extra_body=extra)
+            if chunk.choices and chunk.choices[0].logprobs is not None]
+        assert _ids([t for part in streamed for t in part.tokens]) == list(want.token_ids)
+
+        messages = [{"role": "user", "content": "Hi"}]
+        ids = llm.chat(messages, SamplingParams(max_tokens=5, temperature=0), use_tqdm=False)[0].outputs[0].token_ids
+        chat = client.chat.completions.create(model=model, messages=messages, max_tokens=5, temperature=0,
+                                              logprobs=True, top_logprobs=2, extra_body=extra)
+        content = chat.choices[0].logprobs.content
+        assert _ids([c.token for c in content]) == list(ids)
+        assert all(bytes(c.bytes).decode() == c.token for c in content)
+        assert all(_ids([top.token for top in c.top_logprobs]) for c in content)
+        chunks = client.chat.completions.create(model=model, messages=messages, max_tokens=5, temperature=0,
+                                                logprobs=True, stream=True, extra_body=extra)
+        tokens = [c.token for chunk in chunks if chunk.choices and chunk.choices[0].logprobs
+                  for c in chunk.choices[0].logprobs.content]
+        assert _ids(tokens) == list(ids)
 
 
 def test_switches_from_the_environment():

@@ -43,6 +43,8 @@ _SERVER_SWITCHES: dict[str, tuple[str, str]] = {
                                      "end every stream with a usage chunk, as if stream_options.include_usage"),
     "--enable-tokenizer-info-endpoint": ("enable_tokenizer_info_endpoint",
                                          "serve GET /tokenizer_info (the tokenizer's config and chat template)"),
+    "--return-tokens-as-token-ids": ("return_tokens_as_token_ids",
+                                     "logprobs name every token 'token_id:<id>' (a request's own field wins)"),
 }
 _ENGINE_HELP = {
     "max_model_len": "context length (default: the model's)",

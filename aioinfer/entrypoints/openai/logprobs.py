@@ -13,8 +13,10 @@ def _value(lp: float) -> float:
     return max(lp, _FLOOR)
 
 
-def _token_str(token_id: int, entry: Logprob) -> str:
-    return entry.decoded_token if entry.decoded_token is not None else f"token_id:{token_id}"
+def _token_str(token_id: int, entry: Optional[Logprob], as_token_id: bool = False) -> str:
+    if as_token_id or entry is None or entry.decoded_token is None:
+        return f"token_id:{token_id}"
+    return entry.decoded_token
 
 
 def _top(entries: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]]:
@@ -25,19 +27,20 @@ def _top(entries: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]]:
 class CompletionLogprobs:
     """Completions format: parallel lists plus ``text_offset`` (character offsets in the choice's text)."""
 
-    def __init__(self, top_n: int, text_offset: int = 0) -> None:
+    def __init__(self, top_n: int, text_offset: int = 0, as_token_ids: bool = False) -> None:
         self.top_n = top_n
+        self.as_token_ids = as_token_ids  # vLLM's return_tokens_as_token_ids
         self.offset = text_offset  # where the next token starts (after an echoed prompt, if any)
 
     def format(self, token_ids: list[int], entries: Optional[list[dict[int, Logprob]]]) -> dict:
         tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
         for token_id, entry in zip(token_ids, entries or []):
             sampled = entry.get(token_id)
-            text = _token_str(token_id, sampled) if sampled is not None else f"token_id:{token_id}"
+            text = _token_str(token_id, sampled, self.as_token_ids)
             tokens.append(text)
             token_logprobs.append(_value(sampled.logprob) if sampled is not None else None)
             # vLLM's shape: the top-N plus the sampled token, keyed by token text.
-            top = {_token_str(tid, lp): _value(lp.logprob) for tid, lp in _top(entry, self.top_n)}
+            top = {_token_str(tid, lp, self.as_token_ids): _value(lp.logprob) for tid, lp in _top(entry, self.top_n)}
             if sampled is not None:
                 top.setdefault(text, _value(sampled.logprob))
             top_logprobs.append(top)
@@ -53,18 +56,20 @@ def merge_completion_logprobs(parts: list[dict]) -> Optional[dict]:
     return {key: [v for part in parts for v in part[key]] for key in parts[0]}
 
 
-def chat_logprobs(token_ids: list[int], entries: Optional[list[dict[int, Logprob]]], top_n: int) -> dict:
-    """Chat format: ``{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}``."""
+def chat_logprobs(token_ids: list[int], entries: Optional[list[dict[int, Logprob]]], top_n: int,
+                  as_token_ids: bool = False) -> dict:
+    """Chat format: ``{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}``;
+    ``as_token_ids``: vLLM's return_tokens_as_token_ids (every token "token_id:<id>")."""
     content = []
     for token_id, entry in zip(token_ids, entries or []):
         sampled = entry.get(token_id)
-        text = _token_str(token_id, sampled) if sampled is not None else f"token_id:{token_id}"
+        text = _token_str(token_id, sampled, as_token_ids)
         content.append({
             "token": text,
             "logprob": _value(sampled.logprob) if sampled is not None else _FLOOR,
             "bytes": list(text.encode("utf-8")),
-            "top_logprobs": [{"token": _token_str(tid, lp), "logprob": _value(lp.logprob),
-                              "bytes": list(_token_str(tid, lp).encode("utf-8"))}
+            "top_logprobs": [{"token": _token_str(tid, lp, as_token_ids), "logprob": _value(lp.logprob),
+                              "bytes": list(_token_str(tid, lp, as_token_ids).encode("utf-8"))}
                              for tid, lp in _top(entry, top_n)],
         })
     return {"content": content}

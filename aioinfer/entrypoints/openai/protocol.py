@@ -30,7 +30,7 @@ class _Strict(BaseModel):
 
 # Known fields (vLLM's or OpenAI's) that would change the output if honoured: refused, not ignored.
 NOT_SUPPORTED_YET = frozenset({
-    "prompt_logprobs", "return_token_ids", "return_tokens_as_token_ids",
+    "prompt_logprobs", "return_token_ids",
     "truncate_prompt_tokens", "bad_words", "allowed_token_ids", "prediction", "audio", "modalities",
     "chat_template", "documents", "mm_processor_kwargs", "logits_processors",
     "vllm_xargs", "functions", "function_call", "structural_tag", "kv_transfer_params",
@@ -79,6 +79,9 @@ class _SamplingFields(_Strict, StructuredFields):
     user: Optional[str] = None  # accepted and ignored (OpenAI's abuse-monitoring id)
     priority: int = 0  # vLLM: lower runs first under priority scheduling
     cache_salt: Optional[str] = Field(default=None, min_length=1)  # vLLM: prefix-cache isolation per tenant
+    # vLLM: logprobs name every token "token_id:<id>" (text that is not valid UTF-8 alone stays exact);
+    # None: the server's --return-tokens-as-token-ids
+    return_tokens_as_token_ids: Optional[bool] = None
 
     @field_validator("stop")
     @classmethod

@@ -26,6 +26,7 @@ from aioinfer.entrypoints.openai.serving_common import (
     stop_reason_json,
     stream_error_event,
     stream_usage,
+    tokens_as_ids,
     usage,
 )
 from aioinfer.entrypoints.openai.sse import DONE, EventTemplate, event, text_marker
@@ -46,7 +47,8 @@ async def create_chat_completion(state: ServerState, body: bytes, client_id: Opt
     specs = [ChoiceSpec(index=i, prompt_index=0, prompt=prompt_ids, params=choice_params(base, i))
              for i in range(req.n)]
     job = _Job(req, request_id, state.served_model_name, specs, len(prompt_ids), plan,
-               force_usage=state.config.enable_force_include_usage)
+               force_usage=state.config.enable_force_include_usage,
+               tokens_as_ids=tokens_as_ids(req, state))
     return await admit_and_respond(engine, specs, request_id, req, job)
 
 
@@ -72,11 +74,13 @@ def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prom
 
 class _Job:
     def __init__(self, req: ChatCompletionRequest, request_id: str, model: str, specs: list[ChoiceSpec],
-                 prompt_length: int, plan: Optional[ToolPlan] = None, force_usage: bool = False) -> None:
+                 prompt_length: int, plan: Optional[ToolPlan] = None, force_usage: bool = False,
+                 tokens_as_ids: bool = False) -> None:
         self.req, self.id, self.model, self.created = req, request_id, model, now()
         self.plan = plan if plan is not None and plan.parses else None  # None: the text is the answer
         self.prompt_length = prompt_length
         self.force_usage = force_usage  # --enable-force-include-usage
+        self.tokens_as_ids = tokens_as_ids  # return_tokens_as_token_ids
         self.top_n = req.top_logprobs or 0
         self.results = {s.index: ChoiceResult(index=s.index, prompt_index=0) for s in specs}
 
@@ -87,7 +91,8 @@ class _Job:
         return usage(list(self.results.values()), [self.prompt_length])
 
     def _logprobs(self, delta) -> Optional[dict]:
-        return chat_logprobs(delta.token_ids, delta.logprobs, self.top_n) if self.req.logprobs else None
+        return (chat_logprobs(delta.token_ids, delta.logprobs, self.top_n, self.tokens_as_ids)
+                if self.req.logprobs else None)
 
     async def full(self, streams: ChoiceStreams) -> dict:
         try:

@@ -116,6 +116,12 @@ def stream_usage(stream_options, force: bool) -> tuple[bool, bool]:
     return include, include and stream_options is not None and stream_options.continuous_usage_stats
 
 
+def tokens_as_ids(req, state) -> bool:
+    """vLLM's return_tokens_as_token_ids: the request's own value, else the server's switch."""
+    own = req.return_tokens_as_token_ids
+    return state.config.return_tokens_as_token_ids if own is None else own
+
+
 def now() -> int:
     return int(time.time())
 

@@ -24,6 +24,7 @@ from aioinfer.entrypoints.openai.serving_common import (
     stop_reason_json,
     stream_error_event,
     stream_usage,
+    tokens_as_ids,
     usage,
 )
 from aioinfer.entrypoints.openai.sse import DONE, EventTemplate, event, text_marker
@@ -41,7 +42,8 @@ async def create_completion(state: ServerState, body: bytes, client_id: Optional
     specs = [ChoiceSpec(index=pi * req.n + i, prompt_index=pi, prompt=ids, params=choice_params(base, i))
              for pi, ids in enumerate(prompt_ids) for i in range(req.n)]
     job = _Job(req, request_id, state.served_model_name, specs, [len(ids) for ids in prompt_ids], echoes,
-               force_usage=state.config.enable_force_include_usage)
+               force_usage=state.config.enable_force_include_usage,
+               tokens_as_ids=tokens_as_ids(req, state))
     return await admit_and_respond(engine, specs, request_id, req, job)
 
 
@@ -66,12 +68,13 @@ def _echo_text(engine, prompt, ids: list[int]) -> str:
 
 class _Job:
     def __init__(self, req: CompletionRequest, request_id: str, model: str, specs: list[ChoiceSpec],
-                 prompt_lengths: list[int], echoes: list[str], force_usage: bool = False) -> None:
+                 prompt_lengths: list[int], echoes: list[str], force_usage: bool = False,
+                 tokens_as_ids: bool = False) -> None:
         self.req, self.id, self.model, self.created = req, request_id, model, now()
         self.prompt_lengths, self.echoes = prompt_lengths, echoes
         self.force_usage = force_usage  # --enable-force-include-usage
         self.results = {s.index: ChoiceResult(index=s.index, prompt_index=s.prompt_index) for s in specs}
-        self.logprobs = {s.index: CompletionLogprobs(req.logprobs, len(echoes[s.prompt_index]))
+        self.logprobs = {s.index: CompletionLogprobs(req.logprobs, len(echoes[s.prompt_index]), tokens_as_ids)
                          for s in specs} if req.logprobs is not None else None
 
     def _envelope(self, choices: list[dict]) -> dict:

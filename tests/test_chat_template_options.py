@@ -52,3 +52,24 @@ def test_server_takes_both_as_vllm_does(smollm2_server, llm):
     assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
     reserved = httpx.post(url, json={**body, "chat_template_kwargs": {"tools": []}}, timeout=120)
     assert reserved.status_code == 400 and reserved.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_server_chat_echo_prepends_the_assistant_message(smollm2_server, smollm2_client, llm):
+    """vLLM's chat ``echo``: the reply starts with the last message's text when that message is the
+    assistant's (streamed: one chunk of it right after the role); a user's last message is not echoed."""
+    model = smollm2_client.models.list().data[0].id
+    offline = llm.chat(PARTIAL, GREEDY, add_generation_prompt=False, continue_final_message=True,
+                       use_tqdm=False)[0].outputs[0].text
+    extra = {"echo": True, "add_generation_prompt": False, "continue_final_message": True}
+    full = smollm2_client.chat.completions.create(model=model, messages=PARTIAL, max_tokens=8, temperature=0,
+                                                  extra_body=extra)
+    assert full.choices[0].message.content == PARTIAL[-1]["content"] + offline
+    chunks = list(smollm2_client.chat.completions.create(model=model, messages=PARTIAL, max_tokens=8,
+                                                         temperature=0, stream=True, extra_body=extra))
+    contents = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert contents[0] == PARTIAL[-1]["content"] and "".join(contents) == full.choices[0].message.content
+    question = PARTIAL[:1]
+    plain = smollm2_client.chat.completions.create(model=model, messages=question, max_tokens=8, temperature=0)
+    echoed = smollm2_client.chat.completions.create(model=model, messages=question, max_tokens=8, temperature=0,
+                                                    extra_body={"echo": True})
+    assert echoed.choices[0].message.content == plain.choices[0].message.content

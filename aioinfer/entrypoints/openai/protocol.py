@@ -172,6 +172,9 @@ class ChatCompletionRequest(_SamplingFields, ToolFields):
     # vLLM: the last (assistant) message left open, so the reply continues it
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None  # vLLM: extra variables for the chat template
+    # vLLM: the reply starts with the last message's text when that message is the assistant's (with
+    # continue_final_message: the whole message, not only its continuation)
+    echo: bool = False
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -180,6 +183,11 @@ class ChatCompletionRequest(_SamplingFields, ToolFields):
         if reserved:
             raise ValueError(f"{reserved} are set by the request itself, not through chat_template_kwargs")
         return value
+
+    def echoed_text(self) -> str:
+        """What ``echo`` puts before the reply: the last message's text if it is the assistant's."""
+        last = self.messages[-1]
+        return last.text() if self.echo and last.role == "assistant" else ""
 
     def template_options(self) -> dict[str, Any]:
         """What the chat template is rendered with besides the messages and tools."""

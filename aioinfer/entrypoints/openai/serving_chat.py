@@ -81,6 +81,7 @@ class _Job:
         self.prompt_length = prompt_length
         self.force_usage = force_usage  # --enable-force-include-usage
         self.tokens_as_ids = tokens_as_ids  # return_tokens_as_token_ids
+        self.echo = req.echoed_text()
         self.top_n = req.top_logprobs or 0
         self.results = {s.index: ChoiceResult(index=s.index, prompt_index=0) for s in specs}
 
@@ -124,8 +125,10 @@ class _Job:
     def _message(self, result) -> tuple[dict, Optional[str]]:
         """A finished choice's message and finish_reason (tool calls parsed out of its text)."""
         if self.plan is None:
-            return {"role": "assistant", "content": result.text}, result.finish_reason
+            return {"role": "assistant", "content": self.echo + result.text}, result.finish_reason
         content, calls = self.plan.parse(result.text)
+        if self.echo:
+            content = self.echo + (content or "")
         if not calls:
             return {"role": "assistant", "content": content}, result.finish_reason
         finish = "tool_calls" if result.finish_reason == "stop" else result.finish_reason
@@ -165,6 +168,10 @@ class _Job:
             for index in sorted(self.results):
                 yield chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None})
+            if self.echo and self.plan is None:  # with tools the whole message comes at the end, echo included
+                for index in sorted(self.results):
+                    yield chunk({"index": index, "delta": {"content": self.echo}, "logprobs": None,
+                                 "finish_reason": None})
             async with aclosing(streams.merged()) as merged:
                 async for spec, delta in merged:
                     self.results[spec.index].add(delta)

@@ -178,7 +178,11 @@ class EngineConfig:
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineConfig":
-        """Build from flat vLLM-style keyword arguments (``LLM(model=..., block_size=...)``)."""
+        """Build from flat vLLM-style keyword arguments (``LLM(model=..., block_size=...)``); vLLM's
+        spellings and no-op options are translated first (vllm_options.py)."""
+        from aioinfer.vllm_options import translate
+
+        kwargs = translate(kwargs)
         sections = {}
         for section_cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig):
             names = {f.name for f in fields(section_cls)}

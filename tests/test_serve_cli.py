@@ -148,3 +148,13 @@ def test_vllm_spellings_positional_model_short_flags_trust_remote_code():
     assert config_from_args(parse(["m", "--model", "m"]), {}).model == "m"  # the same twice is fine
     with pytest.raises(ValueError, match="given twice"):
         config_from_args(parse(["a", "--model", "b"]), {})
+
+
+def test_vllm_tool_and_swap_flags(capsys):
+    """A Qwen tool-calling command line as vLLM's docs write it, and --swap-space (GiB, vLLM's name)."""
+    config = config_from_args(parse(["m", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                                     "--swap-space", "2"]), {})
+    assert config.model == "m" and config.engine_kwargs == {"swap_space_gib": 2.0}
+    with pytest.raises(SystemExit) as exit_info:
+        parse(["m", "--tool-call-parser", "mistral"])
+    assert exit_info.value.code == 2 and "--tool-call-parser" in capsys.readouterr().err

@@ -22,13 +22,13 @@ class LLM:
     """``LLM(model=..., dtype=..., max_model_len=..., block_size=..., num_kv_blocks=..., ...)``.
 
     Keyword arguments are the fields of ModelConfig, CacheConfig and SchedulerConfig plus
-    ``device`` and ``attention_backend``; unknown ones raise TypeError.
+    ``device`` and ``attention_backend``, and vLLM's common options (vllm_options.py: renamed,
+    accepted without effect, or a ValueError naming what is not supported); unknown ones raise TypeError.
     """
 
     def __init__(self, model: Optional[str] = None, **kwargs: Any) -> None:
         from aioinfer.fetch import DEFAULT_MODEL
 
-        kwargs.pop("trust_remote_code", None)  # accepted for vLLM compatibility; nothing remote runs here
         self.config = EngineConfig.from_kwargs(model or DEFAULT_MODEL, **kwargs)
         if self.config.parallel.data_parallel_size > 1:
             raise ValueError("the offline LLM runs one replica; data parallelism is aioinfer.DataParallelEngine's")

@@ -122,8 +122,8 @@ def _port(value: str) -> int:
     return port
 
 
-# vLLM's short spellings.
-_SHORT_FLAGS = {"tensor_parallel_size": ("-tp",), "data_parallel_size": ("-dp",)}
+# vLLM's spellings besides aioinfer's own.
+_VLLM_FLAGS = {"tensor_parallel_size": ("-tp",), "data_parallel_size": ("-dp",), "swap_space_gib": ("--swap-space",)}
 # Options whose values argparse checks with a parser of its own (a clear message, status 2).
 _ARGUMENT_TYPES = {"device": _device, "speculative_config": _speculative_config}
 
@@ -139,6 +139,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument("--model", default=None, help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--trust-remote-code", action=_Switch, default=None,
                         help="accepted for vLLM's command lines; no effect (no model code is ever downloaded)")
+    parser.add_argument("--enable-auto-tool-choice", action=_Switch, default=None,
+                        help="accepted for vLLM's command lines; no effect (tool calls are always parsed)")
+    parser.add_argument("--tool-call-parser", choices=["hermes"], default=None,
+                        help="accepted for vLLM's command lines: the one format parsed (Qwen2.5's <tool_call> JSON)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all interfaces)")
     parser.add_argument("--port", type=_port, default=8000)
     for flag, (_, typ, text) in _SERVER_FLAGS.items():
@@ -148,7 +152,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     for option, typ in ENGINE_OPTIONS.items():
         if option == "fault_inject_step":
             continue  # tests only (AIOINFER_FAULT_INJECT_STEP)
-        flags = ["--" + option.replace("_", "-"), *_SHORT_FLAGS.get(option, ())]
+        flags = ["--" + option.replace("_", "-"), *_VLLM_FLAGS.get(option, ())]
         # default None everywhere: an absent flag leaves the AIOINFER_* variable (or the default) in force
         if typ is bool:
             parser.add_argument(*flags, dest=option, action=_Switch, default=None, help=_ENGINE_HELP.get(option))

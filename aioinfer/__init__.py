@@ -1,12 +1,12 @@
 """aioinfer: an asyncio-native LLM inference engine for Qwen2.5 and Llama models."""
 
 from aioinfer.outputs import CompletionOutput, Logprob, RequestOutput
-from aioinfer.sampling_params import SamplingParams
+from aioinfer.sampling_params import RequestOutputKind, SamplingParams
 
 __version__ = "0.1.0"
 
 __all__ = ["LLM", "Engine", "DataParallelEngine", "create_engine", "SamplingParams", "RequestOutput",
-           "CompletionOutput", "Logprob", "__version__"]
+           "CompletionOutput", "Logprob", "RequestOutputKind", "AsyncLLM", "AsyncEngineArgs", "__version__"]
 
 
 def __getattr__(name: str):
@@ -19,6 +19,10 @@ def __getattr__(name: str):
         from aioinfer.async_engine.engine import Engine
 
         return Engine
+    if name in ("AsyncLLM", "AsyncEngineArgs"):
+        from aioinfer import async_llm
+
+        return getattr(async_llm, name)
     if name in ("DataParallelEngine", "create_engine"):
         from aioinfer.data_parallel import engine as data_parallel
 

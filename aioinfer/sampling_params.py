@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import copy
+import enum
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from aioinfer.structured_output.params import StructuredOutputsParams
 
 _GREEDY_EPSILON = 1e-5  # temperatures below this are treated as greedy, as in vLLM
+
+
+class RequestOutputKind(enum.IntEnum):
+    """vLLM's: what each RequestOutput of a stream (``AsyncLLM.generate``) carries."""
+
+    CUMULATIVE = 0  # everything so far
+    DELTA = 1  # only what is new
+    FINAL_ONLY = 2  # one output, at the end
 
 
 @dataclass(slots=True)
@@ -36,6 +45,8 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     # The output must match a JSON schema, regex, choice or grammar (a dict is taken as its fields).
     structured_outputs: Optional[StructuredOutputsParams] = None
+    # vLLM's: the outputs a stream of AsyncLLM.generate yields (the offline LLM returns final outputs)
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled in by the engine from the tokenizer / generation_config; not user-facing.
     _eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
 
@@ -47,6 +58,10 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
+        try:
+            self.output_kind = RequestOutputKind(self.output_kind)
+        except ValueError:
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}") from None
         if self.logit_bias is not None:
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}

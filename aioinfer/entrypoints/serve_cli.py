@@ -128,6 +128,31 @@ _VLLM_FLAGS = {"tensor_parallel_size": ("-tp",), "data_parallel_size": ("-dp",),
 _ARGUMENT_TYPES = {"device": _device, "speculative_config": _speculative_config}
 
 
+def _with_default(text: Optional[str], option: str) -> Optional[str]:
+    """``text`` plus the option's default (the config dataclasses' own, so --help never drifts from
+    them) unless the text already says it; flags default to None in argparse so that an absent flag
+    leaves the AIOINFER_* variable in force, which is why argparse's %(default)s cannot say it."""
+    default = _DEFAULTS.get(option)
+    if default is None or (text and "default" in text):
+        return text
+    shown = default if not isinstance(default, bool) else ("on" if default else "off")
+    return f"{text} (default: {shown})" if text else f"default: {shown}"
+
+
+def _config_defaults() -> dict[str, Any]:
+    from aioinfer.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+
+    defaults: dict[str, Any] = {}
+    for cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, EngineConfig, ServerConfig):
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                defaults[f.name] = f.default
+    return defaults
+
+
+_DEFAULTS = _config_defaults()
+
+
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``serve`` subcommand to the main CLI; it sets ``func=run_serve``."""
     # A one-line usage: the full one lists every flag, and would bury the one-line error under it.
@@ -143,22 +168,24 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         help="accepted for vLLM's command lines; no effect (tool calls are always parsed)")
     parser.add_argument("--tool-call-parser", choices=["hermes"], default=None,
                         help="accepted for vLLM's command lines: the one format parsed (Qwen2.5's <tool_call> JSON)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all interfaces)")
-    parser.add_argument("--port", type=_port, default=8000)
-    for flag, (_, typ, text) in _SERVER_FLAGS.items():
-        parser.add_argument(flag, type=typ, default=None, help=text)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (0.0.0.0 for all interfaces; default: %(default)s)")
+    parser.add_argument("--port", type=_port, default=8000, help="default: %(default)s")
+    for flag, (name, typ, text) in _SERVER_FLAGS.items():
+        parser.add_argument(flag, type=typ, default=None, help=_with_default(text, name))
     for flag, (name, text) in _SERVER_SWITCHES.items():
-        parser.add_argument(flag, dest=name, action=_Switch, default=None, help=text)
+        parser.add_argument(flag, dest=name, action=_Switch, default=None, help=_with_default(text, name))
     for option, typ in ENGINE_OPTIONS.items():
         if option == "fault_inject_step":
             continue  # tests only (AIOINFER_FAULT_INJECT_STEP)
         flags = ["--" + option.replace("_", "-"), *_VLLM_FLAGS.get(option, ())]
         # default None everywhere: an absent flag leaves the AIOINFER_* variable (or the default) in force
+        text = _with_default(_ENGINE_HELP.get(option), option)
         if typ is bool:
-            parser.add_argument(*flags, dest=option, action=_Switch, default=None, help=_ENGINE_HELP.get(option))
+            parser.add_argument(*flags, dest=option, action=_Switch, default=None, help=text)
         else:
             parser.add_argument(*flags, dest=option, type=_ARGUMENT_TYPES.get(option, typ), default=None,
-                                choices=_ENGINE_CHOICES.get(option), help=_ENGINE_HELP.get(option))
+                                choices=_ENGINE_CHOICES.get(option), help=text)
     parser.add_argument("--disable-log-requests", action="store_true", help="no per-request JSON log lines")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=run_serve)

@@ -158,3 +158,20 @@ def test_vllm_tool_and_swap_flags(capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse(["m", "--tool-call-parser", "mistral"])
     assert exit_info.value.code == 2 and "--tool-call-parser" in capsys.readouterr().err
+
+
+def test_help_shows_the_defaults(capsys):
+    """vLLM's --help shows defaults; here they come from the config dataclasses themselves."""
+    from dataclasses import fields
+
+    from aioinfer.config import CacheConfig, SchedulerConfig
+
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    block_size = next(f.default for f in fields(CacheConfig) if f.name == "block_size")
+    max_num_seqs = next(f.default for f in fields(SchedulerConfig) if f.name == "max_num_seqs")
+    assert f"tokens per KV block (default: {block_size})" in text
+    assert f"requests running at once (default: {max_num_seqs})" in text
+    assert "--enable-force-include-usage, --no-enable-force-include-usage" in text and "(default: off)" in text
+    assert "(default: 8000)" in text or "default: 8000" in text

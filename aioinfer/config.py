@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
@@ -28,9 +29,16 @@ class ModelConfig:
     max_model_len: Optional[int] = None  # tokens; None: the model's max_position_embeddings
     seed: int = 0  # seeds dummy weights and the draws of unseeded requests
     tokenizer: Optional[str] = None  # folder of tokenizer files, when not beside the weights
+    # vLLM's: where unset sampling fields take their defaults from: "auto" (the model's
+    # generation_config.json), "vllm" (none: SamplingParams' own), or a folder holding one
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         _check(isinstance(self.model, str) and self.model, "model", self.model, "must be a non-empty string")
+        _check(self.generation_config in ("auto", "vllm") or (
+            isinstance(self.generation_config, str) and os.path.isfile(
+                os.path.join(self.generation_config, "generation_config.json"))), "generation_config",
+            self.generation_config, "must be 'auto', 'vllm' or a folder with a generation_config.json")
         _check(self.dtype in DTYPES, "dtype", self.dtype, f"must be one of {DTYPES}")
         _check(self.load_format in LOAD_FORMATS, "load_format", self.load_format, f"must be one of {LOAD_FORMATS}")
         _check(self.max_model_len is None or _positive_int(self.max_model_len), "max_model_len",

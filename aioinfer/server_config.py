@@ -33,6 +33,7 @@ def speculative_config_json(raw: str) -> dict:
 # asked for, so the engine's own defaults stay the single source of truth.
 ENGINE_OPTIONS: dict[str, type] = {
     "dtype": str,
+    "generation_config": str,
     "max_model_len": int,
     "block_size": int,
     "num_kv_blocks": int,

@@ -52,8 +52,6 @@ ONLY_DEFAULT: dict[str, tuple[Callable[[Any], bool], str]] = {
     "revision": (_only(None, "main"), "models are loaded from local files; pick the revision when downloading"),
     "tokenizer_revision": (_only(None, "main"), "models are loaded from local files"),
     "distributed_executor_backend": (_only(None, "mp"), "tensor-parallel ranks are local processes (mp)"),
-    "generation_config": (_only("auto", None), "sampling defaults come from the model's generation_config.json "
-                                               "('auto'); other sources are not implemented yet"),
 }
 
 _logged: set[str] = set()

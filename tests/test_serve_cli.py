@@ -175,3 +175,7 @@ def test_help_shows_the_defaults(capsys):
     assert f"requests running at once (default: {max_num_seqs})" in text
     assert "--enable-force-include-usage, --no-enable-force-include-usage" in text and "(default: off)" in text
     assert "(default: 8000)" in text or "default: 8000" in text
+
+
+def test_generation_config_flag():
+    assert engine_kwargs(["--generation-config", "vllm"]) == {"generation_config": "vllm"}

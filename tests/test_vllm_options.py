@@ -38,7 +38,7 @@ def test_a_vllm_script_s_options_build_the_same_llm(model_dir):
 
 @pytest.mark.parametrize("option, value", [("quantization", "awq"), ("kv_cache_dtype", "fp8"), ("enable_lora", True),
                                            ("pipeline_parallel_size", 2), ("cpu_offload_gb", 4),
-                                           ("enable_chunked_prefill", False), ("generation_config", "vllm")])
+                                           ("enable_chunked_prefill", False)])
 def test_options_that_would_change_the_result_are_refused_by_name(model_dir, option, value):
     for build in (lambda: LLM(model=model_dir, **BASE, **{option: value}),
                   lambda: Engine(model_dir, **BASE, **{option: value})):
@@ -63,3 +63,18 @@ def test_the_docs_table_lists_every_option():
     table = (Path(__file__).resolve().parent.parent / "docs" / "vllm_compatibility.md").read_text()
     for name in [*RENAMED, *NO_EFFECT, *ONLY_DEFAULT]:
         assert f"`{name}`" in table, name
+
+
+def test_generation_config_auto_vllm_or_a_folder(model_dir, tmp_path):
+    """vLLM's generation_config: the defaults of unset sampling fields from the model's
+    generation_config.json (auto), from none (vllm), or from another folder's."""
+    auto = LLM(model=model_dir, **BASE).get_default_sampling_params()
+    assert (auto.temperature, auto.top_p, auto.top_k) == (0.7, 0.8, 20)  # tiny_models writes these
+    assert LLM(model=model_dir, **BASE, generation_config="vllm").get_default_sampling_params() == SamplingParams()
+    (tmp_path / "generation_config.json").write_text('{"temperature": 0.25, "top_k": 5, "eos_token_id": 3}')
+    other = LLM(model=model_dir, **BASE, generation_config=str(tmp_path))
+    defaults = other.get_default_sampling_params()
+    assert (defaults.temperature, defaults.top_k, defaults.top_p) == (0.25, 5, 1.0)
+    assert other.engine.loaded.eos_token_ids == LLM(model=model_dir, **BASE).engine.loaded.eos_token_ids  # the model's
+    with pytest.raises(ValueError, match="generation_config"):
+        EngineConfig.from_kwargs(model_dir, generation_config=str(tmp_path / "missing"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -13,7 +14,8 @@ import torch
 from aioinfer.attention.registry import get_attention_backend
 from aioinfer.config import EngineConfig
 from aioinfer.models.hub import download_from_hub, looks_like_hub_id
-from aioinfer.models.loader import load_arch_config, load_generation_defaults, load_model, open_model_source
+from aioinfer.models.loader import (load_arch_config, load_generation_defaults, load_model, open_model_source,
+                                    read_generation_config)
 from aioinfer.text.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -94,12 +96,13 @@ def load_for_engine(config: EngineConfig, tokenizer_loader: Optional[Callable[..
     tokenizer = (tokenizer_loader or load_tokenizer)(source, config.model.tokenizer)
     logger.info("tokenizer: %s in %.2f s", "loaded" if tokenizer is not None else "none (token ids only)",
                 time.perf_counter() - phase)
-    defaults = load_generation_defaults(source)
+    defaults = load_generation_defaults(source)  # the model's own: its EOS ids whatever generation_config says
     max_model_len = config.model.max_model_len or arch.max_position_embeddings
     if max_model_len > arch.max_position_embeddings:
         raise ValueError(f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
                          f"{arch.max_position_embeddings}")
-    return LoadedModel(model=model, arch=arch, tokenizer=tokenizer, generation_defaults=defaults,
+    return LoadedModel(model=model, arch=arch, tokenizer=tokenizer,
+                       generation_defaults=sampling_defaults(config.model.generation_config, defaults),
                        eos_token_ids=_eos_ids(arch, tokenizer, defaults), device=device, dtype=dtype,
                        max_model_len=max_model_len)
 
@@ -150,3 +153,13 @@ def _eos_ids(arch, tokenizer, defaults: dict) -> tuple[int, ...]:
             if isinstance(token_id, int) and token_id not in ids:
                 ids.append(token_id)
     return tuple(ids)
+
+
+def sampling_defaults(generation_config: str, model_defaults: dict) -> dict:
+    """The sampling defaults ``generation_config`` (vLLM's option) names: "auto" the model's
+    generation_config.json, "vllm" none, otherwise a folder's generation_config.json."""
+    if generation_config == "auto":
+        return model_defaults
+    if generation_config == "vllm":
+        return {}
+    return read_generation_config(Path(generation_config))  # a folder (ModelConfig checked it has one)

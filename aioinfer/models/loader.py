@@ -97,7 +97,12 @@ def load_generation_defaults(source: ModelSource) -> dict[str, Any]:
     Keys present only if set: eos_token_id (list[int]), temperature, top_p, top_k,
     repetition_penalty, max_new_tokens.
     """
-    path = source.folder / "generation_config.json"
+    return read_generation_config(source.folder)
+
+
+def read_generation_config(folder: Path) -> dict[str, Any]:
+    """``load_generation_defaults`` for the generation_config.json in ``folder`` ({} without one)."""
+    path = Path(folder) / "generation_config.json"
     if not path.is_file():
         return {}
     raw = json.loads(path.read_text())

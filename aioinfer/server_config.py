@@ -83,6 +83,8 @@ class ServerConfig:
     enable_force_include_usage: bool = False  # streams end with a usage chunk even without stream_options
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (it shows the chat template)
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:<id>" unless a request says no
+    # vLLM's --chat-template: a Jinja file, or the template itself, used instead of the tokenizer's
+    chat_template: Optional[str] = None
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # see ENGINE_OPTIONS
 
     def __post_init__(self) -> None:
@@ -94,6 +96,8 @@ class ServerConfig:
             raise ValueError(f"max_n must be a positive integer, got {self.max_n!r}")
         if not (isinstance(self.listen_backlog, int) and self.listen_backlog >= 0):
             raise ValueError(f"listen_backlog must be an integer >= 0, got {self.listen_backlog!r}")
+        if self.chat_template is not None:
+            self.resolved_chat_template()  # a missing file fails at start-up, not at the first chat request
         unknown = set(self.engine_kwargs) - set(ENGINE_OPTIONS)
         if unknown:
             raise ValueError(f"unknown engine options: {sorted(unknown)}")
@@ -113,6 +117,19 @@ class ServerConfig:
             if raw is not None:
                 engine_kwargs[name] = _parse(name, raw, typ)
         return cls(engine_kwargs=engine_kwargs, **values)
+
+    def resolved_chat_template(self) -> Optional[str]:
+        """``chat_template``'s text: the file's content when it names a file, else the value itself,
+        which must then look like a template (vLLM's rule: a path or the template in one line)."""
+        value = self.chat_template
+        if value is None:
+            return None
+        if os.path.isfile(value):
+            with open(value, encoding="utf-8") as f:
+                return f.read()
+        if "{{" in value or "{%" in value:
+            return value
+        raise ValueError(f"chat_template {value!r} is neither a file nor a Jinja template")
 
     def engine_arguments(self) -> dict[str, Any]:
         """Keyword arguments for ``Engine(**...)`` (model included)."""
@@ -154,7 +171,7 @@ _FIELD_TYPES: dict[str, type] = {
     "model": str, "served_model_name": str, "api_key": str, "max_body_bytes": int,
     "shutdown_grace": float, "max_n": int, "log_requests": bool, "listen_backlog": int,
     "enable_request_id_headers": bool, "enable_force_include_usage": bool, "enable_tokenizer_info_endpoint": bool,
-    "return_tokens_as_token_ids": bool,
+    "return_tokens_as_token_ids": bool, "chat_template": str,
 }
 
 

@@ -27,9 +27,16 @@ def _usage_chunks(stream) -> list:
     return [chunk.usage for chunk in stream if chunk.usage is not None]
 
 
-def test_switches_on(model_dir):
+CUSTOM_TEMPLATE = ("{% for m in messages %}[custom] {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                   "{% if add_generation_prompt %}[custom] assistant:{% endif %}")
+
+
+def test_switches_on(model_dir, tmp_path):
+    template_file = tmp_path / "template.jinja"
+    template_file.write_text(CUSTOM_TEMPLATE)
     argv = ["{python}", "-m", "aioinfer", "serve", model_dir, "--port", "{port}", "--enable-request-id-headers",
-            "--enable-force-include-usage", "--enable-tokenizer-info-endpoint", "--return-tokens-as-token-ids"]
+            "--enable-force-include-usage", "--enable-tokenizer-info-endpoint", "--return-tokens-as-token-ids",
+            "--chat-template", str(template_file)]
     with run_server(ENGINE_ENV, argv=argv) as server:
         client = OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
@@ -68,10 +75,23 @@ def test_switches_on(model_dir):
         info = httpx.get(server.url + "/tokenizer_info")
         assert info.status_code == 200, info.text
         info = info.json()
-        tokenizer = LLM(model=model_dir, device="cpu", dtype="float32", max_model_len=256,
-                        num_kv_blocks=16).get_tokenizer()
+        llm = LLM(model=model_dir, device="cpu", dtype="float32", max_model_len=256, num_kv_blocks=16)
+        tokenizer = llm.get_tokenizer()
         assert info["tokenizer_class"] == type(tokenizer).__name__
-        assert info["chat_template"] == tokenizer.chat_template
+        assert info["chat_template"] == CUSTOM_TEMPLATE  # --chat-template's, not the tokenizer's
+
+        # --chat-template renders chats and /tokenize's messages, as LLM.chat(chat_template=...) does
+        messages = [{"role": "user", "content": "Hi there"}]
+        from aioinfer import SamplingParams
+
+        offline = llm.chat(messages, SamplingParams(max_tokens=4, temperature=0), chat_template=CUSTOM_TEMPLATE,
+                           use_tqdm=False)[0]
+        assert offline.prompt.startswith("[custom] user: Hi there")
+        tokenized = httpx.post(server.url + "/tokenize", json={"messages": messages}).json()
+        assert tokenized["tokens"] == offline.prompt_token_ids
+        chat = client.chat.completions.create(model=model, messages=messages, max_tokens=4, temperature=0)
+        assert chat.usage.prompt_tokens == len(offline.prompt_token_ids)
+        assert chat.choices[0].message.content == offline.outputs[0].text
         assert info["eos_token"] == tokenizer.eos_token
         added = info["added_tokens_decoder"]
         assert added and all(key.isdigit() and {"content", "special"} <= set(token) for key, token in added.items())
@@ -142,3 +162,6 @@ def test_switches_from_the_environment():
     assert config.enable_request_id_headers and config.enable_force_include_usage
     assert config.enable_tokenizer_info_endpoint
     assert not ServerConfig.from_env({}).enable_request_id_headers
+    assert ServerConfig(chat_template="{{ messages }}").resolved_chat_template() == "{{ messages }}"
+    with pytest.raises(ValueError, match="neither a file nor a Jinja template"):
+        ServerConfig(chat_template="/no/such/template.jinja")

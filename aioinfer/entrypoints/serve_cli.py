@@ -34,6 +34,8 @@ _SERVER_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--shutdown-grace": ("shutdown_grace", float, "seconds in-flight requests may finish after SIGTERM"),
     "--max-n": ("max_n", int, "largest n accepted"),
     "--listen-backlog": ("listen_backlog", int, "connections queued for accept (0: hypercorn's 100; default 2048)"),
+    "--chat-template": ("chat_template", str, "a Jinja file, or the template itself, instead of the tokenizer's "
+                                              "(default: the tokenizer's)"),
 }
 # switch -> (ServerConfig field, help): --x / --no-x
 _SERVER_SWITCHES: dict[str, tuple[str, str]] = {

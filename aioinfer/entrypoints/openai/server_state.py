@@ -26,6 +26,7 @@ logger = logging.getLogger("aioinfer.server")
 class ServerState:
     def __init__(self, config: ServerConfig, engine_factory=None) -> None:
         self.config = config
+        self.chat_template = config.resolved_chat_template()  # --chat-template's text (None: the tokenizer's)
         self._engine_factory = engine_factory  # tests may inject one; default: aioinfer's Engine
         self.engine = None
         self.metrics: Optional[PrometheusMetrics] = None

@@ -41,7 +41,8 @@ async def create_chat_completion(state: ServerState, body: bytes, client_id: Opt
         options = req.template_options()
     except ValueError as exc:
         raise bad_request(str(exc), param="continue_final_message") from None
-    prompt_ids = apply_chat_template(engine, req.messages, tools=plan.tools if plan else None, **options)
+    prompt_ids = apply_chat_template(engine, req.messages, tools=plan.tools if plan else None,
+                                     chat_template=state.chat_template, **options)
 
     request_id = new_request_id("chatcmpl", client_id)
     specs = [ChoiceSpec(index=i, prompt_index=0, prompt=prompt_ids, params=choice_params(base, i))
@@ -53,17 +54,19 @@ async def create_chat_completion(state: ServerState, body: bytes, client_id: Opt
 
 
 def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prompt: bool = True,
-                        tools: Optional[list[dict]] = None, **template_kwargs) -> list[int]:
+                        tools: Optional[list[dict]] = None, chat_template: Optional[str] = None,
+                        **template_kwargs) -> list[int]:
     """The offline ``LLM.chat`` recipe: render the template, then tokenize without adding special tokens.
-    ``tools`` go through the template; one that ignores them gets them as a system message (chat_tools.py)."""
+    ``tools`` go through the template; one that ignores them gets them as a system message (chat_tools.py).
+    ``chat_template``: the server's --chat-template, instead of the tokenizer's."""
     tokenizer = engine.tokenizer
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+    if tokenizer is None or not (chat_template or getattr(tokenizer, "chat_template", None)):
         raise bad_request("this model has no chat template; use /v1/completions", param="messages")
     conversation = [m.for_template() for m in messages]
 
     try:
         text = render_with_tools(tokenizer, conversation, tools, add_generation_prompt=add_generation_prompt,
-                                 **template_kwargs)
+                                 chat_template=chat_template, **template_kwargs)
     except Exception as exc:  # noqa: BLE001 - jinja errors ("roles must alternate") are the user's input
         raise bad_request(f"the chat template rejected the messages: {exc}", param="messages") from None
     ids = list(tokenizer.encode(text, add_special_tokens=False))

@@ -21,7 +21,7 @@ def tokenize(state: ServerState, body: bytes) -> dict:
         if req.add_special_tokens:
             raise bad_request("add_special_tokens is not supported with messages (the template has them)",
                               param="add_special_tokens")
-        ids = apply_chat_template(engine, req.messages, req.add_generation_prompt)
+        ids = apply_chat_template(engine, req.messages, req.add_generation_prompt, chat_template=state.chat_template)
     else:
         add_special = True if req.add_special_tokens is None else req.add_special_tokens
         ids = list(engine.tokenizer.encode(req.prompt, add_special_tokens=add_special))
@@ -61,8 +61,8 @@ def tokenizer_info(state: ServerState) -> dict:
     info["tokenizer_class"] = type(tokenizer).__name__
     info["added_tokens_decoder"] = {str(token_id): _added_token(token)
                                     for token_id, token in getattr(tokenizer, "added_tokens_decoder", {}).items()}
-    if getattr(tokenizer, "chat_template", None):
-        info["chat_template"] = tokenizer.chat_template
+    if state.chat_template or getattr(tokenizer, "chat_template", None):
+        info["chat_template"] = state.chat_template or tokenizer.chat_template
     info.setdefault("model_max_length", engine.max_model_len)
     return _json_safe(info)
 

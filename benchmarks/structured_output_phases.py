@@ -30,7 +30,9 @@ from benchmarks.offline_throughput import STRUCTURED_SCHEMAS
 PHASES = [(EngineCore, "step_with_details"), (Scheduler, "schedule"), (Scheduler, "update"),
           (model_runner.ModelRunner, "launch"), (model_runner.ModelRunner, "finish"),
           (model_runner.ModelRunner, "collect"), (model_runner.ModelRunner, "_sample"),
-          (GrammarMasks, "finish_fill"), (GrammarMasks, "apply"), (GrammarMasks, "_start")]
+          (GrammarMasks, "finish_fill"), (GrammarMasks, "apply"), (GrammarMasks, "plan"),
+          (GrammarMasks, "start"), (GrammarMasks, "advance"), (model_runner.ModelRunner, "prepare"),
+          (model_runner.ModelRunner, "run")]
 
 
 def main() -> None:

@@ -74,6 +74,33 @@ def test_vllm_extras_on_chat_and_completions(smollm2_client):
     jsonschema.validate(json.loads(schema.choices[0].text), PERSON_SCHEMA)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_structural_tag_response_format(smollm2_client, stream):
+    """vLLM's structural tag: free text until a trigger, then the begin, JSON matching the schema, the
+    end. The trigger is the first word of the model's own unconstrained answer, so it is met."""
+    messages = _messages("What is the weather like in Paris today?")
+    free = smollm2_client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=8)
+    trigger = free.choices[0].message.content.split()[0]
+    schema = {"type": "object", "required": ["city"], "additionalProperties": False,
+              "properties": {"city": {"type": "string", "maxLength": 30}}}
+    tag = {"type": "structural_tag", "triggers": [trigger],
+           "structures": [{"begin": trigger + " <weather>", "schema": schema, "end": "</weather>"}]}
+    args = dict(model=MODEL, messages=messages, temperature=0, max_tokens=80, response_format=tag)
+    if stream:
+        chunks = list(smollm2_client.chat.completions.create(stream=True, **args))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        text = smollm2_client.chat.completions.create(**args).choices[0].message.content
+    body, end, _ = text.partition(trigger + " <weather>")[2].partition("</weather>")
+    assert end, text
+    jsonschema.validate(json.loads(body), schema)
+    # vLLM's structured_outputs form (the tag as a JSON string) gives the same text.
+    tag_only = {k: v for k, v in tag.items() if k != "type"}
+    same = smollm2_client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=80,
+                                                  extra_body={"structured_outputs": {"structural_tag": json.dumps(tag_only)}})
+    assert same.choices[0].message.content == text
+
+
 def test_bad_constraints_are_400s_naming_the_field(smollm2_client, smollm2_server):
     with pytest.raises(BadRequestError) as info:
         smollm2_client.chat.completions.create(model=MODEL, messages=_messages("hi"), max_tokens=4,
@@ -83,7 +110,12 @@ def test_bad_constraints_are_400s_naming_the_field(smollm2_client, smollm2_serve
     cases = [({"guided_regex": "a(b"}, "invalid regex", None),
              ({"guided_regex": "a+", "guided_choice": ["a"]}, "not several", "guided_choice"),
              ({"structured_outputs": {"regex": "a", "color": 1}}, "color", "structured_outputs"),
-             ({"response_format": {"type": "xml"}}, "response_format", None)]
+             ({"response_format": {"type": "xml"}}, "response_format", None),
+             ({"response_format": {"type": "structural_tag", "triggers": ["<f"],
+                                   "structures": [{"begin": "<g>", "schema": {}, "end": ""}]}},
+              "none of the triggers", "response_format"),
+             ({"response_format": {"type": "structural_tag", "format": {"type": "const_string", "value": "a"}}},
+              "not supported yet", "response_format")]
     for extra, message, param in cases:
         response = httpx.post(smollm2_server.base_url + "/chat/completions", timeout=60,
                               json={"model": MODEL, "messages": _messages("hi"), "max_tokens": 4, **extra})

@@ -76,8 +76,23 @@ def test_each_request_gets_its_own_matcher(smollm2_tokenizer):
     first, second = (compiler.compile(StructuredOutputsParams(json=PERSON)) for _ in range(2))
     ids = smollm2_tokenizer.encode('{"name": "Bob"', add_special_tokens=False)
     assert first.consume_tokens(ids)
-    assert second.validate_tokens(ids) == len(ids)  # still at the start: the cache hands out copies
+    assert second.validate_tokens(ids) == len(ids)  # still at the start: matchers share no state
     assert not second.validate_tokens(smollm2_tokenizer.encode("hello", add_special_tokens=False))
+
+
+def test_matchers_built_ahead_are_taken_first(smollm2_tokenizer):
+    """The server builds a request's matchers in a worker thread (``prepare``); ``compile`` then hands
+    those out, each once, before building more; an invalid grammar fails in ``prepare`` already."""
+    compiler = GrammarCompiler(smollm2_tokenizer, 49152, [2])
+    params = StructuredOutputsParams(json=PERSON)
+    compiler.prepare(params, count=2)
+    ready = list(compiler._cache[params.key].ready)
+    assert len(ready) == 2 and ready[0] is not ready[1]
+    taken = [compiler.compile(params) for _ in range(3)]
+    assert taken[0] is ready[0] and taken[1] is ready[1] and all(m is not taken[2] for m in ready)
+    assert not compiler._cache[params.key].ready
+    with pytest.raises(InvalidGrammarError, match="invalid regex"):
+        compiler.prepare(StructuredOutputsParams(regex="a(b"), count=2)
 
 
 def test_masks_allow_exactly_the_grammar_tokens(smollm2_tokenizer):
@@ -288,3 +303,74 @@ def test_async_engine_streams_constrained_requests_scheduled_ahead(smollm2, smol
     assert got[2] == reference[2][:len(got[2])] and len(got[2]) >= closed_after
     assert core.runner.num_deferred_steps > 0
     assert core.kv_cache.all_free() and not core.scheduler.has_unfinished()
+
+
+def test_bitmask_apply_forms_agree():
+    """The torch form (CUDA without Triton) sets exactly the logits the NumPy reference does, every row
+    or a subset, the last word's spare bits ignored."""
+    from aioinfer.worker.bitmask_apply import apply_bitmask_reference, apply_bitmask_torch
+
+    generator = torch.Generator().manual_seed(0)
+    vocab = 32 * 7 + 5
+    bits = torch.randint(-2**31, 2**31 - 1, (3, 8), dtype=torch.int32, generator=generator)
+    logits = torch.randn(5, vocab, generator=generator)
+    for rows in (None, torch.tensor([4, 0, 2])):
+        subset = logits[:3] if rows is None else logits
+        expected = apply_bitmask_reference(subset.clone(), bits, rows)
+        assert torch.equal(apply_bitmask_torch(subset.clone(), bits, rows), expected)
+        masked = torch.isinf(expected[:3] if rows is None else expected[rows])
+        word = bits[0, 0].item() & 0xFFFFFFFF
+        assert masked[0, :32].tolist() == [not (word >> j) & 1 for j in range(32)]
+    assert torch.isinf(expected).sum() > 0 and torch.isfinite(expected[1]).all()  # row 1 has no mask
+
+
+# ----------------------------------------------------------------------------- structural tags
+
+WEATHER_TAG = {"structures": [{"begin": "<function=get_weather>", "end": "</function>",
+                               "schema": {"type": "object", "required": ["city"], "additionalProperties": False,
+                                          "properties": {"city": {"type": "string", "maxLength": 30}}}}],
+               "triggers": ["<function="]}
+
+
+def test_structural_tag_specs_are_checked():
+    assert StructuredOutputsParams(structural_tag=json.dumps(WEATHER_TAG)).structural_tag == WEATHER_TAG
+    for spec, message in [({"structures": WEATHER_TAG["structures"]}, "triggers"),
+                          ({"triggers": ["<f"], "structures": []}, "structures"),
+                          ({"triggers": ["<tool>"], "structures": WEATHER_TAG["structures"]}, "none of the triggers"),
+                          ({"triggers": ["<f"], "structures": [{"begin": "<f", "schema": "x"}]}, "schema"),
+                          ({"type": "structural_tag", "format": {"type": "const_string"}}, "format"),
+                          ("{not json", "not valid JSON")]:
+        with pytest.raises(InvalidGrammarError, match=message):
+            StructuredOutputsParams(structural_tag=spec)
+
+
+def test_structural_tag_matcher_frees_text_and_constrains_the_tag(smollm2_tokenizer):
+    compiler = GrammarCompiler(smollm2_tokenizer, 49152, [2])
+    params = StructuredOutputsParams(structural_tag=WEATHER_TAG)
+    good = smollm2_tokenizer.encode('Let me look. <function=get_weather>{"city": "Paris"}</function> Done.',
+                                    add_special_tokens=False)
+    assert compiler.compile(params).validate_tokens(good) == len(good)
+    prefix = smollm2_tokenizer.encode("Let me look. <function=get_weather>", add_special_tokens=False)
+    bad = smollm2_tokenizer.encode('Let me look. <function=get_weather>{"town": 3}', add_special_tokens=False)
+    accepted = compiler.compile(params).validate_tokens(bad)
+    assert len(prefix) <= accepted < len(bad)
+
+
+def test_structural_tag_output_follows_the_tag_once_triggered(smollm2):
+    """A trigger the model writes anyway (the first word of its unconstrained answer): the greedy
+    output then has the same opening, the begin completed, JSON that validates, and the end."""
+    tokenizer = smollm2.get_tokenizer()
+    prompt = _chat(tokenizer, "What is the weather like in Paris today?")
+    free = smollm2.generate([prompt], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0].outputs[0].text
+    trigger = free.split()[0]
+    begin = trigger + " <weather>"
+    tag = {"structures": [{"begin": begin, "end": "</weather>", "schema": WEATHER_TAG["structures"][0]["schema"]}],
+           "triggers": [trigger]}
+    out = smollm2.generate([prompt], SamplingParams(temperature=0, max_tokens=80, structured_outputs=
+                                                    StructuredOutputsParams(structural_tag=tag)),
+                           use_tqdm=False)[0].outputs[0].text
+    at = out.index(begin)
+    assert trigger not in out[:at]
+    body, end, _rest = out[at + len(begin):].partition("</weather>")
+    assert end, out
+    jsonschema.validate(json.loads(body), tag["structures"][0]["schema"])

@@ -50,3 +50,21 @@ def test_gpu_schemas_validate(smollm2_gguf, dtype):
     alone = llm.generate([prompts[3]], params[3], use_tqdm=False)[0].outputs[0]
     if dtype == "float32":
         assert alone.token_ids == outputs[3].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_apply_equals_reference(dtype):
+    """One Triton launch sets exactly the logits the CPU reference does (all rows or a subset, in
+    float32 and bfloat16, a vocabulary that does not fill its last word), and leaves the rest bit for bit."""
+    from aioinfer.worker.bitmask_apply import apply_bitmask_reference, apply_bitmask_triton
+
+    generator = torch.Generator().manual_seed(1)
+    vocab = 151_936 + 3
+    words = (vocab + 31) // 32
+    bits = torch.randint(-2**31, 2**31 - 1, (6, words), dtype=torch.int32, generator=generator)
+    logits = torch.randn(9, vocab, generator=generator).to(dtype)
+    for rows in (None, torch.tensor([8, 0, 3, 4, 7, 1])):
+        subset = logits[:6] if rows is None else logits
+        expected = apply_bitmask_reference(subset.clone(), bits, rows)
+        got = apply_bitmask_triton(subset.clone().cuda(), bits.cuda(), None if rows is None else rows.cuda()).cpu()
+        assert torch.equal(got, expected)

@@ -249,6 +249,31 @@ def test_async_tp2_equals_tp1_and_transformers(tiny):
         assert 0 in seen and 1 in seen
 
 
+def test_tp2_structured_outputs_equal_tp1(tiny):
+    """Rank 0 computes the masks and broadcasts them in the step; both ranks sample under them, with
+    async scheduling asked for (grammar steps then run in lockstep), greedy and seeded."""
+    import re
+
+    from aioinfer.structured_output import StructuredOutputsParams
+
+    path, prompts, _ = tiny
+    pattern = r"[a-z ]{1,24}"
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=MAX_TOKENS,
+                             structured_outputs=StructuredOutputsParams(regex=pattern) if i % 3 else
+                             StructuredOutputsParams(choice=["quick brown", "lazy dog", "hello"]))
+              for i in range(len(prompts))]
+    single = LLM(model=str(path), **OPTIONS)
+    want = single.generate(prompts, params, use_tqdm=False)
+    with LLM(model=str(path), **OPTIONS, tensor_parallel_size=2, async_scheduling=True) as llm:
+        got = llm.generate(prompts, params, use_tqdm=False)
+        plain = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))  # and the ranks agree afterwards
+    assert _tokens(got) == _tokens(want)
+    for i, out in enumerate(got):
+        text = out.outputs[0].text
+        assert re.fullmatch(pattern, text) if i % 3 else text in ("quick brown", "lazy dog", "hello"), text
+    assert plain == _tokens(single.generate(prompts, GREEDY, use_tqdm=False))
+
+
 def _assert_same_samples(got, want) -> None:
     assert _tokens(got) == _tokens(want)
     for g, w in zip(got, want):

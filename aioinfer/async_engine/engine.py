@@ -250,12 +250,13 @@ class Engine:
         self._check_open()
         return self._inputs.tokenize(prompt)[1]
 
-    async def prepare_structured_output(self, params) -> None:
-        """Compile a ``StructuredOutputsParams``' grammar in a worker thread and cache it, so that
-        ``generate`` with it does not compile on the event loop (it would, briefly, without this
-        call). Raises ``InvalidGrammarError`` (a ValueError) for a schema or grammar that does not compile."""
+    async def prepare_structured_output(self, params, count: int = 1) -> None:
+        """Build the matchers of ``count`` requests with a ``StructuredOutputsParams`` in a worker
+        thread, so that ``generate`` with it does not build them on the event loop (it would, for
+        0.4 ms to a few ms each, without this call). Raises ``InvalidGrammarError`` (a ValueError)
+        for a schema or grammar that does not compile."""
         self._check_open()
-        await anyio.to_thread.run_sync(self._inputs.grammars.compile, params)
+        await anyio.to_thread.run_sync(self._inputs.grammars.prepare, params, count)
 
     def generate(
         self,

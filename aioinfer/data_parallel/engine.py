@@ -183,10 +183,11 @@ class DataParallelEngine:
         self._check_open()
         return self._replicas[0].tokenize(prompt)
 
-    async def prepare_structured_output(self, params) -> None:
-        """``Engine.prepare_structured_output`` on every replica (each keeps its own grammar cache)."""
+    async def prepare_structured_output(self, params, count: int = 1) -> None:
+        """``Engine.prepare_structured_output`` on every replica (each keeps its own grammar cache; the
+        replicas that do not get the requests keep their matchers for later ones, a bounded number)."""
         for replica in self._replicas:
-            await replica.prepare_structured_output(params)
+            await replica.prepare_structured_output(params, count)
 
     def generate(self, prompt: Prompt, sampling_params: Optional[SamplingParams] = None, *,
                  request_id: Optional[str] = None, priority: int = 0,

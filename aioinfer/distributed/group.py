@@ -90,6 +90,15 @@ class TPGroup:
         out = out.view(self.world_size, *x.shape)  # [W, ..., s]
         return out.movedim(0, -2).reshape(*x.shape[:-1], self.world_size * x.shape[-1])
 
+    def broadcast_tensor(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's ``x`` into every rank's ``x`` (same shape and dtype everywhere), over the device group."""
+        if self.world_size == 1:
+            return x
+        import torch.distributed as dist
+
+        dist.broadcast(x, src=0, group=self.device_group)
+        return x
+
     def broadcast_object(self, obj: Any = None) -> Any:
         """Rank 0 sends ``obj`` (any picklable value); every rank returns it."""
         if self.world_size == 1:

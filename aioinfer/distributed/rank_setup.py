@@ -53,6 +53,7 @@ def build_rank_runner(config: EngineConfig, group: TPGroup, tokenizer_loader=Non
     num_blocks = group.min_int(choose_num_blocks(config, spec, loaded.device, loaded.max_model_len))
     config = dataclasses.replace(config, cache=dataclasses.replace(config.cache, num_kv_blocks=num_blocks))
     runner = ModelRunner(config, model, loaded.arch, loaded.device, loaded.dtype, loaded.max_model_len)
+    runner.grammar_masks.share_over(group)  # structured outputs: rank 0's masks, sampled on every rank
     if (loaded.device.type == "cuda" and not config.enforce_eager
             and group.min_int(int(runner.graphs is not None)) == 0 and runner.graphs is not None):
         logger.warning("rank %d: another rank has no CUDA graphs, so decode runs eager here too", group.rank)

@@ -132,7 +132,7 @@ class TensorParallelRunner:
     def launch(self, scheduler_output) -> _Launched:
         self._check_workers()
         try:
-            self._resources.channel.send((self._uncollected, scheduler_output))
+            self._resources.channel.send((self._uncollected, _for_workers(scheduler_output)))
             inner = self.runner.launch(scheduler_output)
         except Exception as exc:
             self._raise_worker_failure(exc)
@@ -195,6 +195,17 @@ class TensorParallelRunner:
         failure = self._failure(wait_s=_grace(exc))
         if failure is not None:
             raise WorkerProcessError(failure) from exc
+
+
+def _for_workers(scheduler_output):
+    """The step as the workers get it: a request's matcher stays here (rank 0 sends its masks)."""
+    if not any(new.grammar is not None for new in scheduler_output.new_requests):
+        return scheduler_output
+    from aioinfer.worker.grammar_mask import REMOTE_GRAMMAR
+
+    return dataclasses.replace(scheduler_output, new_requests=[
+        dataclasses.replace(new, grammar=REMOTE_GRAMMAR) if new.grammar is not None else new
+        for new in scheduler_output.new_requests])
 
 
 def _grace(exc: BaseException) -> float:

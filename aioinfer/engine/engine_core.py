@@ -74,9 +74,6 @@ class EngineCore:
             close()
 
     def add_request(self, request: Request) -> None:
-        if request.grammar is not None and self._tensor_parallel:
-            # Every rank samples the same tokens, so every rank would need the same mask.
-            raise ValueError("structured outputs are not supported with tensor_parallel_size > 1 yet")
         self.scheduler.add_request(request)
         if _has_penalties(request.sampling_params):
             self._needs_known_tokens.append(request)
@@ -119,17 +116,15 @@ class EngineCore:
             if ahead.is_empty and not ahead.finished_request_ids and not ahead.has_swaps:
                 ahead = None
         masks_of = None  # the step ahead, launched with its masks deferred (a grammar runs)
-        if self._deferred:
-            # ``launched`` went ahead with deferred masks, filling since its predecessor was collected
-            # (while the engine handled that step and scheduled this one): sampled now, before the
-            # next launch, whose placeholder inputs are its sampled ids.
-            self.runner.finish(launched)
-            self._deferred = False
-        if ahead is not None:
-            if self._grammars_alive():
-                masks_of = self.runner.launch(ahead, defer_masks=True)
-                self._in_flight, self._deferred = (ahead, masks_of), True
-            else:
+        if ahead is not None and self._grammars_alive():
+            # Its inputs first: that host work then overlaps the masks of ``launched`` being filled.
+            prepared = self.runner.prepare(ahead)
+            self._finish_deferred(launched)
+            masks_of = self.runner.run(prepared, defer_masks=True)
+            self._in_flight, self._deferred = (ahead, masks_of), True
+        else:
+            self._finish_deferred(launched)
+            if ahead is not None:
                 self._in_flight = (ahead, self.runner.launch(ahead))
         runner_output = (self.runner.collect(launched) if masks_of is None
                          else self.runner.collect(launched, masks_of=masks_of))
@@ -137,6 +132,14 @@ class EngineCore:
         if self.async_scheduling and self.scheduler.draft_policy is not None:
             self._time_step(scheduler_output, runner_output, lockstep)
         return scheduler_output, runner_output, self.scheduler.update(scheduler_output, runner_output)
+
+    def _finish_deferred(self, launched) -> None:
+        """``launched`` went ahead with deferred masks, filling since its predecessor was collected
+        (while the engine handled that step and scheduled this one): sampled now, before the next
+        launch, whose placeholder inputs are its sampled ids."""
+        if self._deferred:
+            self.runner.finish(launched)
+            self._deferred = False
 
     def _grammars_alive(self) -> bool:
         if not self._grammar_requests:
@@ -161,9 +164,7 @@ class EngineCore:
             return []
         scheduler_output, launched = self._in_flight
         self._in_flight = None
-        if self._deferred:
-            self.runner.finish(launched)
-            self._deferred = False
+        self._finish_deferred(launched)
         return self.scheduler.update(scheduler_output, self.runner.collect(launched))
 
     def _can_schedule_ahead(self, launched: SchedulerOutput) -> bool:
@@ -171,6 +172,10 @@ class EngineCore:
         # grammar's mask too, but only at sampling: see step_with_details). The
         # scheduler's running set is exactly its requests with status RUNNING (check_invariants).
         lockstep_needed = False
+        if self._tensor_parallel and self._grammars_alive():
+            # Masks under tensor parallelism are computed at launch (rank 0 sends them to the other
+            # ranks in the step), which needs every token before them on the host.
+            return False
         if self._needs_known_tokens:
             self._needs_known_tokens = [r for r in self._needs_known_tokens if not r.status.finished]
             lockstep_needed = any(r.status == RequestStatus.RUNNING for r in self._needs_known_tokens)

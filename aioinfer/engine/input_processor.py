@@ -84,7 +84,7 @@ class InputProcessor:
                     f"has {num_prompt} tokens, which leaves no room for the completion.")
         else:
             max_tokens = params.max_tokens
-        # Its own matcher (a copy of the cached one): raises InvalidGrammarError before anything is queued.
+        # Its own matcher (built ahead by prepare, or now): raises InvalidGrammarError before anything is queued.
         grammar = (self.grammars.compile(params.structured_outputs)
                    if params.structured_outputs is not None else None)
         return Request(

@@ -13,13 +13,16 @@ class InvalidGrammarError(AioinferError, ValueError):
     """The schema, regex, choice list or grammar cannot constrain this model's output (HTTP 400)."""
 
 
-_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 @dataclass(slots=True)
 class StructuredOutputsParams:
     """Exactly one of ``json`` (a JSON schema, dict or string), ``regex``, ``choice`` (the output is one
-    of these strings), ``grammar`` (Lark, or llama.cpp's GBNF) or ``json_object`` (any JSON object).
+    of these strings), ``grammar`` (Lark, or llama.cpp's GBNF), ``json_object`` (any JSON object) or
+    ``structural_tag`` (vLLM's: ``{"structures": [{"begin": ..., "schema": {...}, "end": ...}],
+    "triggers": [...]}``, a dict or its JSON: free text, except that after a trigger the text must
+    complete one structure's ``begin``, then JSON matching its schema, then its ``end``).
 
     JSON is written compactly by default, ``", "`` and ``": "`` between items and keys and no other
     whitespace: small models given free whitespace can emit newlines until ``max_tokens``.
@@ -32,6 +35,7 @@ class StructuredOutputsParams:
     choice: Optional[list[str]] = None
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
+    structural_tag: Union[str, dict, None] = None
     disable_any_whitespace: bool = False
     whitespace_pattern: Optional[str] = None
     disable_fallback: bool = False  # accepted for vLLM compatibility: there is one backend, no fallback
@@ -40,7 +44,8 @@ class StructuredOutputsParams:
         given = [kind for kind in _KINDS if getattr(self, kind) not in (None, False)]
         if len(given) != 1:
             raise InvalidGrammarError(
-                "structured outputs need exactly one of json, regex, choice, grammar or json_object, got "
+                "structured outputs need exactly one of json, regex, choice, grammar, json_object or "
+                "structural_tag, got "
                 + (", ".join(given) if given else "none"))
         if isinstance(self.json, str):
             try:
@@ -58,12 +63,14 @@ class StructuredOutputsParams:
                     or not all(isinstance(c, str) and c for c in self.choice)):
                 raise InvalidGrammarError("choice must be a non-empty list of non-empty strings")
             self.choice = list(self.choice)
+        if self.structural_tag is not None:
+            self.structural_tag = _structural_tag(self.structural_tag)
         if self.whitespace_pattern is not None and not isinstance(self.whitespace_pattern, str):
             raise InvalidGrammarError("whitespace_pattern must be a string")
 
     @property
     def kind(self) -> str:
-        """Which constraint: "json", "regex", "choice", "grammar" or "json_object"."""
+        """Which constraint: "json", "regex", "choice", "grammar", "json_object" or "structural_tag"."""
         return next(kind for kind in _KINDS if getattr(self, kind) not in (None, False))
 
     @property
@@ -72,3 +79,35 @@ class StructuredOutputsParams:
         spec = self.json if self.kind == "json" else getattr(self, self.kind)
         text = json.dumps(spec, sort_keys=True) if isinstance(spec, (dict, list, bool)) else spec
         return (self.kind, text, self.disable_any_whitespace, self.whitespace_pattern)
+
+
+def _structural_tag(spec: Union[str, dict]) -> dict:
+    """vLLM's structural tag, checked: ``structures`` (each ``begin``, ``schema``, ``end``) and
+    ``triggers``, every structure's ``begin`` starting with one of them."""
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError as exc:
+            raise InvalidGrammarError(f"the structural tag is not valid JSON: {exc}") from exc
+    if not isinstance(spec, dict):
+        raise InvalidGrammarError(f"a structural tag must be an object, got {type(spec).__name__}")
+    if "format" in spec and "structures" not in spec:
+        raise InvalidGrammarError("structural tags in the \"format\" form are not supported yet; "
+                                  "use \"structures\" and \"triggers\"")
+    structures, triggers = spec.get("structures"), spec.get("triggers")
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+        raise InvalidGrammarError("a structural tag needs \"triggers\", a non-empty list of non-empty strings")
+    if not isinstance(structures, list) or not structures:
+        raise InvalidGrammarError("a structural tag needs \"structures\", a non-empty list")
+    for i, item in enumerate(structures):
+        if (not isinstance(item, dict) or not isinstance(item.get("begin"), str) or not item["begin"]
+                or not isinstance(item.get("end", ""), str) or not (isinstance(item.get("schema", {}), dict)
+                                                                    or item.get("schema") is True)):
+            raise InvalidGrammarError(f"structural tag structure {i}: needs a \"begin\" and an \"end\" string "
+                                      "and a \"schema\" object")
+        if not any(item["begin"].startswith(t) for t in triggers):
+            raise InvalidGrammarError(f"structural tag structure {i}: its begin {item['begin']!r} starts with "
+                                      "none of the triggers")
+    return {"structures": [{"begin": item["begin"], "schema": {} if item.get("schema", True) is True else item["schema"],
+                            "end": item.get("end", "")}
+                           for item in structures], "triggers": list(triggers)}

@@ -114,7 +114,6 @@ class ModelRunner:
         """Run one step and wait for its sampled ids (the synchronous path)."""
         return self.collect(self.launch(scheduler_output))
 
-    @torch.inference_mode()
     def launch(self, scheduler_output: SchedulerOutput, defer_masks: bool = False) -> "_Launched":
         """Enqueue one step's device work without waiting for it (no host sync).
 
@@ -122,6 +121,13 @@ class ModelRunner:
         in on the device from that launch's sampled ids. ``defer_masks`` (a step scheduled ahead):
         when the step has rows with a grammar, only its forward is enqueued; ``finish`` samples it.
         """
+        return self.run(self.prepare(scheduler_output), defer_masks)
+
+    @torch.inference_mode()
+    def prepare(self, scheduler_output: SchedulerOutput) -> "_Prepared":
+        """A step's host work and input copies, enqueued but not its forward (``run``). A step scheduled
+        ahead of one whose masks are deferred is prepared before that one is sampled (``finish``): its
+        placeholder rows are known from that step's launch, and its inputs' copies queue behind it."""
         for request_id in scheduler_output.finished_request_ids:
             state = self._states.pop(request_id, None)
             if state is not None and state.grammar is not None:
@@ -140,11 +146,9 @@ class ModelRunner:
                 self._num_grammars += 1
         self._run_swaps(scheduler_output)
         if scheduler_output.is_empty:
-            return _Launched(None, None, [], [])
-
+            return _Prepared(None)
         inputs = self.inputs.prepare(scheduler_output.scheduled, self._last_sampled[1],
                                      scheduler_output.num_draft_tokens)
-        self._fill_placeholders(inputs)
         if inputs.is_decode_only:
             bucket = next((b for b in self._decode_buckets if b >= inputs.attention.num_seqs), None)
             if bucket is not None:
@@ -153,6 +157,15 @@ class ModelRunner:
             bucket = next((b for b in self._token_buckets if b >= inputs.attention.num_tokens), None)
             if bucket is not None:
                 inputs.attention.prefill_num_splits = self._prefill_splits(bucket)
+        return _Prepared(inputs)
+
+    @torch.inference_mode()
+    def run(self, prepared: "_Prepared", defer_masks: bool = False) -> "_Launched":
+        """Enqueue a prepared step's forward and, unless its masks are deferred, its sampling."""
+        inputs = prepared.inputs
+        if inputs is None:
+            return _Launched(None, None, [], [])
+        self._fill_placeholders(inputs)
         logits = None  # [num_tokens, vocab] when a decode graph computed them
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden, logits = self.graphs.run(inputs)
@@ -173,8 +186,14 @@ class ModelRunner:
         if (defer_masks and self._num_grammars and drafts is None
                 and any(state.grammar is not None for state in states)):
             # Scheduled ahead: the masks need the previous step's tokens, which the engine collects
-            # next (``collect(..., masks_of=this)``); ``finish`` then samples this step.
+            # next (``collect(..., masks_of=this)``); ``finish`` then samples this step. What does not
+            # need them is done now: the masks' plan, the sampling tensors (a row's noise position is
+            # its tokens known or pending, the same now as then), and the row of each request among
+            # this step's sampled ids, which the next step's inputs are prepared with.
             launched.logits = logits
+            launched.pending_mask = self.grammar_masks.plan(states, tokens_known=False)
+            launched.metadata = SamplingMetadata.build(states, logits.shape[1], self.device)
+            self._last_sampled = (None, {rid: row for row, rid in enumerate(launched.request_ids)})
             self.num_deferred_steps += 1
             return launched
         # Structured outputs: the masks are computed here, with the forward already enqueued.
@@ -185,11 +204,10 @@ class ModelRunner:
     @torch.inference_mode()
     def finish(self, launched: "_Launched") -> None:
         """Sample a step launched with ``defer_masks`` (its masks applied): before the next launch,
-        whose placeholder inputs are this step's sampled ids. No-op for a step already sampled."""
+        whose placeholder inputs are this step's sampled ids. No-op for a step already sampled. Masks
+        no worker started on (its previous step was not collected with ``masks_of`` it) are computed here."""
         if launched.logits is None:
             return
-        if launched.pending_mask is None:  # its previous step was not collected with ``masks_of`` it
-            launched.pending_mask = self.grammar_masks.fill_in_background(launched.states, lambda: None)
         logits, launched.logits = launched.logits, None
         mask, launched.pending_mask = self.grammar_masks.finish_fill(launched.pending_mask), None
         self._sample(launched, logits, mask)
@@ -199,7 +217,9 @@ class ModelRunner:
         if mask is not None:
             logits = self.grammar_masks.apply(logits, mask)
             launched.grammar_states = mask.grammar_states
-        if drafts is None:
+        if launched.metadata is not None:
+            metadata = launched.metadata
+        elif drafts is None:
             metadata = SamplingMetadata.build(states, logits.shape[1], self.device)
         else:
             rows, offsets = _verification_rows(states, drafts)
@@ -217,8 +237,8 @@ class ModelRunner:
     def collect(self, launched: "_Launched", masks_of: Optional["_Launched"] = None) -> RunnerOutput:
         """Wait for a launched step's sampled ids: the step's one device-to-host sync.
 
-        ``masks_of``: the step launched after it with ``defer_masks``: a worker thread then advances
-        the grammars by these tokens and fills that step's masks (``finish`` waits for it)."""
+        ``masks_of``: the step launched after it with ``defer_masks``: once the matchers have taken
+        these tokens, a worker thread fills that step's masks (``finish`` waits for them)."""
         assert launched.logits is None, "a step launched with deferred masks is collected after finish"
         if launched.result is None:
             return RunnerOutput(sampled_request_ids=[], sampled_token_ids=[])
@@ -232,15 +252,13 @@ class ModelRunner:
         for state, token_id in zip(launched.states, token_ids):
             state.output_token_ids.append(token_id)
             state.num_pending_tokens -= 1
-        if launched.grammar_states:
-            advances = [(launched.states[i], token_ids[i]) for i in launched.grammar_states]
-
-            def advance() -> None:
-                self.grammar_masks.advance(advances)
-            if masks_of is not None and masks_of.logits is not None:
-                masks_of.pending_mask = self.grammar_masks.fill_in_background(masks_of.states, advance)
-            else:
-                advance()
+        advances = [(launched.states[i], token_ids[i]) for i in launched.grammar_states]
+        if masks_of is not None and masks_of.pending_mask is not None and masks_of.pending_mask.future is None:
+            # The matchers take these tokens, then the step ahead's masks (which follow them) are
+            # computed, both in the worker while the engine goes on (finish waits for them).
+            self.grammar_masks.start(masks_of.pending_mask, advances)
+        elif advances:
+            self.grammar_masks.advance(advances)
         return RunnerOutput(
             sampled_request_ids=launched.request_ids,
             sampled_token_ids=token_ids,
@@ -290,7 +308,15 @@ class _Launched:
     drafts: Optional[list[list[int]]] = None  # per request its verified drafts ([] for none); None: no drafts
     grammar_states: Sequence[int] = ()  # indices of ``states`` whose matcher takes the sampled tokens
     logits: Optional[torch.Tensor] = None  # launched with deferred masks: not sampled yet (``finish``)
-    pending_mask: Optional["PendingMask"] = None  # its masks, filling (``collect(..., masks_of=)``)
+    pending_mask: Optional["PendingMask"] = None  # its masks, planned; filling from ``collect(..., masks_of=)``
+    metadata: Optional[SamplingMetadata] = None  # its sampling tensors, built at launch
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """A step's inputs, copied (or queued to be) but its forward not yet enqueued (``run``); None: nothing to run."""
+
+    inputs: Optional[StepInputs]
 
 
 def _verification_rows(states: list[SamplingRow], drafts: list[list[int]]) -> tuple[list[SamplingRow], list[int]]:

@@ -149,7 +149,7 @@ def seeded_exponential_triton(keys: torch.Tensor, vocab_size: int, block: int = 
 
 def seeded_exponential(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Exp(1) noise [N, V] float32 for int64 row keys [N]; Triton on CUDA, torch elsewhere."""
-    if keys.device.type == "cuda" and _triton_available():
+    if keys.device.type == "cuda" and triton_available():
         return seeded_exponential_triton(keys, vocab_size)
     return seeded_exponential_torch(keys, vocab_size)
 
@@ -157,7 +157,7 @@ def seeded_exponential(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
 _TRITON_OK: bool | None = None
 
 
-def _triton_available() -> bool:
+def triton_available() -> bool:
     global _TRITON_OK
     if _TRITON_OK is None:
         try:

@@ -33,7 +33,7 @@ NOT_SUPPORTED_YET = frozenset({
     "prompt_logprobs", "return_token_ids",
     "truncate_prompt_tokens", "bad_words", "allowed_token_ids", "prediction", "audio", "modalities",
     "chat_template", "documents", "mm_processor_kwargs", "logits_processors",
-    "vllm_xargs", "functions", "function_call", "structural_tag", "kv_transfer_params",
+    "vllm_xargs", "functions", "function_call", "kv_transfer_params",
 })
 
 

@@ -53,11 +53,11 @@ async def admit_and_respond(engine, specs, request_id: str, req, job):
     # engine's stall limit also watches the connection itself (client_stall.py).
     stall_probe = probe_for(scope) if req.stream else None
     try:
-        # Structured outputs: the grammar compiles in a worker thread, not on the event loop (the
-        # choices share it: compiled once, then cached).
+        # Structured outputs: the choices' matchers are built in a worker thread, not on the event
+        # loop (the grammar is translated once, then cached).
         constraint = specs[0].params.structured_outputs if specs else None
         if constraint is not None:
-            await engine.prepare_structured_output(constraint)
+            await engine.prepare_structured_output(constraint, count=len(specs))
         streams = ChoiceStreams.admit(engine, specs, request_id, req.priority, cache_salt=req.cache_salt,
                                       stream=bool(req.stream), stall_probe=stall_probe)
     except Exception as exc:  # noqa: BLE001 - ValueError/overload/dead -> 400/429/503

@@ -1,10 +1,11 @@
 """Structured-output fields of a request body: OpenAI's ``response_format`` and vLLM's extras.
 
 ``response_format``: ``{"type": "text"}`` (no constraint), ``{"type": "json_object"}`` or
-``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}``.
+``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}``, or vLLM's
+``{"type": "structural_tag", "structures": [...], "triggers": [...]}``.
 vLLM's ``structured_outputs`` object (``json``, ``regex``, ``choice``, ``grammar``, ``json_object``,
-...) and its older ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar``
-fields. A request may use one of these ways; two are a 400, as is a schema or grammar that does not
+``structural_tag``, ...) and its older ``guided_json`` / ``guided_regex`` / ``guided_choice`` /
+``guided_grammar`` / ``structural_tag`` fields. A request may use one of these ways; two are a 400, as is a schema or grammar that does not
 compile (named by the field that carried it).
 """
 
@@ -29,8 +30,11 @@ class JsonSchemaFormat(BaseModel):
 
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: Optional[JsonSchemaFormat] = None
+    structures: Optional[list[Any]] = None  # structural_tag's
+    triggers: Optional[list[Any]] = None
+    format: Optional[dict[str, Any]] = None  # the newer structural tag form (refused with a reason)
 
 
 class StructuredFields(BaseModel):
@@ -44,6 +48,7 @@ class StructuredFields(BaseModel):
     guided_grammar: Optional[str] = None
     guided_whitespace_pattern: Optional[str] = None
     guided_decoding_backend: Optional[str] = None  # accepted: there is one backend (llguidance)
+    structural_tag: Union[str, dict[str, Any], None] = None  # vLLM's before structured_outputs held it
 
 
 def structured_outputs_of(req: StructuredFields) -> Optional[StructuredOutputsParams]:
@@ -53,6 +58,10 @@ def structured_outputs_of(req: StructuredFields) -> Optional[StructuredOutputsPa
     if fmt is not None and fmt.type != "text":
         if fmt.type == "json_object":
             found.append(("response_format", {"json_object": True}))
+        elif fmt.type == "structural_tag":
+            tag = {name: value for name in ("structures", "triggers", "format")
+                   if (value := getattr(fmt, name)) is not None}
+            found.append(("response_format", {"structural_tag": tag}))
         else:
             if fmt.json_schema is None:
                 raise bad_request("response_format json_schema needs its json_schema object", param="response_format")
@@ -64,6 +73,8 @@ def structured_outputs_of(req: StructuredFields) -> Optional[StructuredOutputsPa
     for kind, value in guided.items():
         if value is not None:
             found.append((f"guided_{kind}", {kind: value}))
+    if req.structural_tag is not None:
+        found.append(("structural_tag", {"structural_tag": req.structural_tag}))
     if not found:
         return None
     if len(found) > 1:

@@ -6,7 +6,8 @@ from aioinfer.sampling_params import RequestOutputKind, SamplingParams
 __version__ = "0.1.0"
 
 __all__ = ["LLM", "Engine", "DataParallelEngine", "create_engine", "SamplingParams", "RequestOutput",
-           "CompletionOutput", "Logprob", "RequestOutputKind", "AsyncLLM", "AsyncEngineArgs", "__version__"]
+           "CompletionOutput", "Logprob", "RequestOutputKind", "AsyncLLM", "AsyncEngineArgs", "EngineArgs",
+           "__version__"]
 
 
 def __getattr__(name: str):
@@ -19,10 +20,14 @@ def __getattr__(name: str):
         from aioinfer.async_engine.engine import Engine
 
         return Engine
-    if name in ("AsyncLLM", "AsyncEngineArgs"):
-        from aioinfer import async_llm
+    if name == "AsyncLLM":
+        from aioinfer.async_llm import AsyncLLM
 
-        return getattr(async_llm, name)
+        return AsyncLLM
+    if name in ("EngineArgs", "AsyncEngineArgs"):
+        from aioinfer import engine_args
+
+        return getattr(engine_args, name)
     if name in ("DataParallelEngine", "create_engine"):
         from aioinfer.data_parallel import engine as data_parallel
 

@@ -21,17 +21,10 @@ import asyncio
 from contextlib import aclosing
 from typing import Any, AsyncIterator, Optional
 
+from aioinfer.engine_args import AsyncEngineArgs
 from aioinfer.inputs import unwrap_prompt
 from aioinfer.outputs import CompletionOutput, RequestOutput
 from aioinfer.sampling_params import RequestOutputKind, SamplingParams
-
-
-class AsyncEngineArgs:
-    """vLLM's: the model and the engine's keyword arguments (``LLM``'s, vllm_options.py included)."""
-
-    def __init__(self, model: Optional[str] = None, **engine_kwargs: Any) -> None:
-        self.model = model
-        self.engine_kwargs = engine_kwargs
 
 
 class AsyncLLM:

@@ -15,7 +15,7 @@ import threading
 from typing import Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import HistogramMetricFamily, Metric
 
 from aioinfer.async_engine.stats import RequestStats, StepStats
 
@@ -28,6 +28,12 @@ _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 40.0, 80.0)
 _LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                     240.0, 480.0, 960.0, 1920.0, 7680.0)
+# vLLM's request_time_per_output_token_seconds (a request's mean gap) uses the inter-token buckets.
+_REQUEST_TPOT_BUCKETS = _ITL_BUCKETS
+# prometheus-fastapi-instrumentator's default low-resolution buckets for http_request_duration_seconds.
+_HTTP_DURATION_BUCKETS = (0.1, 0.5, 1.0)
+# Routes vLLM leaves out of its HTTP series (probes and the scrape itself): aioinfer's ones of them.
+_HTTP_EXCLUDED = frozenset({"/metrics", "/health", "/ready", "/version"})
 _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # KV swaps: one block of a 7b model is ~1 MiB, a long request's whole KV a few GiB; PCIe 5 is ~50 GB/s.
@@ -56,6 +62,11 @@ class PrometheusMetrics:
 
         self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", labels, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r)
+        self.waiting_by_reason = Gauge(
+            "vllm:num_requests_waiting_by_reason", "Waiting requests by reason: 'capacity' waits for batch or KV "
+            "capacity; 'deferred' would wait on a transient constraint (LoRA budget, KV transfer), which this "
+            "scheduler never has, so it reads 0. The reasons sum to vllm:num_requests_waiting.",
+            labels + ["reason"], registry=r)
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent.", labels, registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens whose prefill completed (counted "
                                      "at the request's first token, as vLLM does).", labels, registry=r)
@@ -66,6 +77,21 @@ class PrometheusMetrics:
                                             "cache (at first admission).", labels, registry=r)
         self.prefix_cache_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.",
                                          labels, registry=r)
+        self.prompt_tokens_by_source = Counter(
+            "vllm:prompt_tokens_by_source", "Prompt tokens by where their KV came from: local_compute (prefilled), "
+            "local_cache_hit (the prefix cache), external_kv_transfer (always 0: no KV connector here). Counted "
+            "when the request ends, for requests that got a first token; sums to vllm:prompt_tokens once idle.",
+            labels + ["source"], registry=r)
+        self.external_prefix_cache_queries = Counter(
+            "vllm:external_prefix_cache_queries", "Prompt tokens looked up in an external KV cache (KV connector). "
+            "Always 0: aioinfer has no external KV cache.", labels, registry=r)
+        self.external_prefix_cache_hits = Counter(
+            "vllm:external_prefix_cache_hits", "Prompt tokens served from an external KV cache (KV connector). "
+            "Always 0: aioinfer has no external KV cache.", labels, registry=r)
+        self.mm_cache_queries = Counter("vllm:mm_cache_queries", "Multimodal cache lookups. Always 0: aioinfer "
+                                        "serves text only and has no multimodal cache.", labels, registry=r)
+        self.mm_cache_hits = Counter("vllm:mm_cache_hits", "Multimodal cache hits. Always 0: aioinfer serves "
+                                     "text only and has no multimodal cache.", labels, registry=r)
         self.spec_drafts = Counter("vllm:spec_decode_num_drafts", "Speculative decoding: verification rounds "
                                    "(a request's drafts checked in one step).", labels, registry=r)
         self.spec_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Speculative decoding: draft "
@@ -75,8 +101,9 @@ class PrometheusMetrics:
         self.spec_accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Speculative "
                                              "decoding: drafts accepted at each position of a round (0 first).",
                                              labels + ["position"], registry=r)
-        self.success = Counter("vllm:request_success", "Requests that ended, by finish reason.",
-                               labels + ["finished_reason"], registry=r)
+        self.success = Counter("vllm:request_success", "Requests that ended, by finish reason (stop, length, "
+                               "abort; error: the engine failed the request).", labels + ["finished_reason"],
+                               registry=r)
         self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
         # A request's gaps arrive together when it ends, one per token: a bulk histogram takes them in
         # one call (prometheus_client's observe costs ~1.5 us each, on the event loop).
@@ -85,10 +112,21 @@ class PrometheusMetrics:
         self.e2e = hist("vllm:e2e_request_latency_seconds", "Arrival to end of a request.", _LATENCY_BUCKETS)
         self.queue_time = hist("vllm:request_queue_time_seconds", "Arrival to first scheduled step.",
                                _LATENCY_BUCKETS)
+        self.prefill_time = hist("vllm:request_prefill_time_seconds", "First scheduled step to first token "
+                                 "(PREFILL phase), of requests that got a first token.", _LATENCY_BUCKETS)
+        self.decode_time = hist("vllm:request_decode_time_seconds", "First token to last token (DECODE phase), "
+                                "of requests that got a first token.", _LATENCY_BUCKETS)
+        self.request_tpot = hist("vllm:request_time_per_output_token_seconds", "A request's mean time per output "
+                                 "token after the first: decode time / (output tokens - 1), 0 for one token.",
+                                 _REQUEST_TPOT_BUCKETS)
         self.request_prompt_tokens = hist("vllm:request_prompt_tokens", "Prompt length of finished requests.",
                                           _TOKEN_BUCKETS)
         self.request_generation_tokens = hist("vllm:request_generation_tokens",
                                               "Output length of finished requests.", _TOKEN_BUCKETS)
+        self.request_max_generation_tokens = hist(
+            "vllm:request_max_num_generation_tokens", "Output length of finished requests: vLLM's maximum over a "
+            "request's n sequences; each choice of n > 1 is its own engine request here, so this equals "
+            "vllm:request_generation_tokens.", _TOKEN_BUCKETS)
         self.iteration_tokens = hist("vllm:iteration_tokens_total", "Tokens computed per engine step.",
                                      _TOKEN_BUCKETS)
         self.step_requests = hist("aioinfer:step_batched_requests", "Requests computed together in one step.",
@@ -111,6 +149,18 @@ class PrometheusMetrics:
                                 ["model_name", "reason"], registry=r)
         self.http = Counter("aioinfer:http_requests", "HTTP requests by route and status code.",
                             ["model_name", "route", "status"], registry=r)
+        # prometheus-fastapi-instrumentator's series, as vLLM's server exposes them: status grouped into
+        # classes ("2xx"), handler the route template ("none" when no route matched), probes left out.
+        self.http_requests = Counter("http_requests", "Total number of requests by method, status and handler.",
+                                     ["method", "status", "handler"], registry=r)
+        self.http_duration = Histogram("http_request_duration_seconds", "Latency with only few buckets by "
+                                       "handler (request start to the response's headers).",
+                                       ["method", "handler"], buckets=_HTTP_DURATION_BUCKETS, registry=r)
+        # vLLM's older names of two series, kept by vLLM for old dashboards: re-exposed at scrape time.
+        _Alias(self.kv_usage, "vllm:gpu_cache_usage_perc", "GPU KV-cache usage: 1 means 100 percent. "
+               "DEPRECATED: vllm:kv_cache_usage_perc under its older name.", registry=r)
+        _Alias(self.itl, "vllm:time_per_output_token_seconds", "Time between consecutive token deliveries. "
+               "DEPRECATED: vllm:inter_token_latency_seconds under its older name.", registry=r)
         self._engines: dict[int, _EngineSeries] = {}
         self.engine(0)  # engine "0" exists from the start, replicas beyond it from their first record
 
@@ -128,6 +178,7 @@ class PrometheusMetrics:
             e = self.engine(stats.engine_index)
             e.running.set(stats.num_running)
             e.waiting.set(stats.num_waiting)
+            e.waiting_capacity.set(stats.num_waiting)
             e.kv_usage.set(stats.kv_usage)
             e.generation_tokens.inc(stats.num_generation_tokens)
             if stats.num_prefilled_prompt_tokens:
@@ -164,14 +215,26 @@ class PrometheusMetrics:
                 e.queue_time.observe(stats.queue_time)
             if stats.ttft is not None:
                 e.ttft.observe(stats.ttft)
+                if stats.queue_time is not None:
+                    e.prefill_time.observe(max(0.0, stats.ttft - stats.queue_time))
+                cached = min(stats.num_cached_tokens, stats.num_prompt_tokens)
+                e.prompt_local_compute.inc(stats.num_prompt_tokens - cached)
+                if cached:
+                    e.prompt_local_cache_hit.inc(cached)
+            if stats.decode_time is not None:
+                e.decode_time.observe(stats.decode_time)
+                gaps = stats.num_output_tokens - 1
+                e.request_tpot.observe(stats.decode_time / gaps if gaps > 0 else 0.0)
             e.itl.observe_many(stats.inter_token_latencies)
             e.e2e.observe(stats.e2e_latency)
             if stats.status == "error":
                 e.failed.inc()
+                self.success.labels(m, e.label, "error").inc()
                 return
             self.success.labels(m, e.label, stats.finish_reason or "abort").inc()
             e.request_prompt_tokens.observe(stats.num_prompt_tokens)
             e.request_generation_tokens.observe(stats.num_output_tokens)
+            e.request_max_generation_tokens.observe(stats.num_output_tokens)
             if stats.status == "aborted":
                 self.aborted.labels(m, e.label, stats.abort_cause or "unknown").inc()
         except Exception:  # noqa: BLE001
@@ -192,8 +255,18 @@ class PrometheusMetrics:
 
     # ---------------------------------------------------------------- server side
 
-    def observe_http(self, route: str, status: int) -> None:
-        self.http.labels(self.model_name, route, str(status)).inc()
+    def observe_http(self, route: str, status: int, method: str = "GET", duration: Optional[float] = None) -> None:
+        """One HTTP response: ``route`` is the matched rule ("unmatched" if none), ``duration`` in seconds."""
+        try:
+            self.http.labels(self.model_name, route, str(status)).inc()
+            if route in _HTTP_EXCLUDED:
+                return
+            handler = "none" if route == "unmatched" else route
+            self.http_requests.labels(method, f"{status // 100}xx", handler).inc()
+            if duration is not None:
+                self.http_duration.labels(method, handler).observe(duration)
+        except Exception:  # noqa: BLE001
+            logger.exception("metrics: observe_http failed")
 
     def refresh(self, engine_stats: Optional[dict]) -> None:
         """Gauges from the engine's snapshot at scrape time (no step runs while idle)."""
@@ -203,6 +276,7 @@ class PrometheusMetrics:
             e = self.engine(index)
             e.running.set(stats.get("num_running", 0))
             e.waiting.set(stats.get("num_waiting", 0))
+            e.waiting_capacity.set(stats.get("num_waiting", 0))
             e.kv_usage.set(stats.get("kv_usage", 0.0))
 
     def render(self) -> bytes:
@@ -215,12 +289,38 @@ class _EngineSeries:
     _BOUND = ("running", "waiting", "kv_usage", "prompt_tokens", "generation_tokens", "preemptions",
               "prefix_cache_queries", "prefix_cache_hits", "ttft", "itl",
               "e2e", "queue_time", "request_prompt_tokens", "request_generation_tokens", "iteration_tokens",
-              "step_requests", "step_time", "failed", "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
+              "step_requests", "step_time", "failed", "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens",
+              "prefill_time", "decode_time", "request_tpot", "request_max_generation_tokens",
+              "external_prefix_cache_queries", "external_prefix_cache_hits", "mm_cache_queries", "mm_cache_hits")
 
     def __init__(self, metrics: PrometheusMetrics, label: str) -> None:
         self.label = label
+        m = metrics.model_name
         for name in self._BOUND:
-            setattr(self, name, getattr(metrics, name).labels(metrics.model_name, label))
+            setattr(self, name, getattr(metrics, name).labels(m, label))
+        # Labelled children bound once, so that every value is exposed (at 0) from the start.
+        self.waiting_capacity = metrics.waiting_by_reason.labels(m, label, "capacity")
+        metrics.waiting_by_reason.labels(m, label, "deferred").set(0)
+        self.prompt_local_compute = metrics.prompt_tokens_by_source.labels(m, label, "local_compute")
+        self.prompt_local_cache_hit = metrics.prompt_tokens_by_source.labels(m, label, "local_cache_hit")
+        metrics.prompt_tokens_by_source.labels(m, label, "external_kv_transfer")
+
+
+class _Alias:
+    """Re-exposes another collector's samples under another family name, computed at scrape time."""
+
+    def __init__(self, source, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self.source, self.name, self.documentation = source, name, documentation
+        registry.register(self)
+
+    def describe(self) -> list:
+        return []  # the name is checked by nobody else: it is this collector's alone
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.source.collect():
+            alias = Metric(self.name, self.documentation, family.type)
+            alias.samples = [s._replace(name=self.name + s.name[len(family.name):]) for s in family.samples]
+            yield alias
 
 
 class BulkHistogram:

@@ -8,4 +8,5 @@ tools) can drive them with an injected ``httpx`` transport:
 - :mod:`loadtest.runner`    closed-loop levels and open-loop (Poisson) levels under anyio
 - :mod:`loadtest.metrics`   per-level summary: throughput, goodput, percentiles
 - :mod:`loadtest.report`    compact table and JSON results
+- :mod:`loadtest.plot`      ``--plot`` PNG: TTFT / ITL distributions and throughput per level
 """

@@ -7,8 +7,9 @@
         --slo-ttft 500 --slo-tpot 50
 
 Progress goes to stderr; the summary table is the last thing on stdout; everything (per-level
-summaries and per-request records) goes to ``--out`` as JSON. Ctrl-C stops the run and still
-reports what finished.
+summaries and per-request records) goes to ``--out`` as JSON; ``--plot FILE.png`` draws the levels'
+TTFT / ITL distributions and throughput (matplotlib: ``pip install 'aioinfer[plot]'``). Ctrl-C
+stops the run and still reports what finished.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Optional, Sequence
 
 import anyio
 
+from .plot import PlotUnavailable, plot_results
+from .plot import check_available as check_plot_available
 from .report import format_table, results_json, write_json
 from .runner import RunConfig, Runner
 from .workload import WorkloadConfig, parse_range
@@ -85,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="retry a 429 up to N times (default 3 when given) after Retry-After")
     out.add_argument("--timeout", type=float, default=600.0, help="HTTP timeout in s")
     out.add_argument("--out", default="loadtest-results.json", help="JSON results file")
+    out.add_argument("--plot", default=None, metavar="FILE.png",
+                     help="also draw TTFT / ITL distributions and throughput per level into a "
+                          "PNG (needs matplotlib: pip install 'aioinfer[plot]')")
     out.add_argument("--no-per-request", action="store_true",
                      help="leave per-request records out of the JSON")
     out.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -118,6 +124,11 @@ def main(argv: Optional[Sequence[str]] = None, *, transport=None) -> int:
         cfg = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.plot is not None:
+        try:  # fail before the run, not after it
+            check_plot_available()
+        except PlotUnavailable as exc:
+            parser.error(f"--plot: {exc}")
     started = _dt.datetime.now().astimezone()
     runner = Runner(cfg, transport=transport, verbose=not args.quiet)
     try:
@@ -131,8 +142,21 @@ def main(argv: Optional[Sequence[str]] = None, *, transport=None) -> int:
     write_json(args.out, data)
     if not args.quiet:
         print(f"results written to {args.out}", file=sys.stderr)
+    plot_failed = False
+    if args.plot is not None:
+        if result.levels:
+            try:
+                plot_results(result.levels, args.plot, model=cfg.model, endpoint=cfg.endpoint,
+                             url=cfg.url)
+                if not args.quiet:
+                    print(f"plot written to {args.plot}", file=sys.stderr)
+            except OSError as exc:
+                print(f"error: --plot {args.plot}: {exc}", file=sys.stderr)
+                plot_failed = True
+        else:
+            print("no level finished: no plot written", file=sys.stderr)
     print(format_table([lv.summary for lv in result.levels]), flush=True)
-    if result.error is not None:
+    if result.error is not None or plot_failed:
         return 1
     return 130 if result.interrupted else 0
 

@@ -7,6 +7,7 @@ Exact latencies come from a fake clock that the mock stream advances; nothing as
 from __future__ import annotations
 
 import json
+import sys
 from typing import AsyncIterator, Callable, Optional
 
 import anyio
@@ -598,3 +599,112 @@ async def test_failure_after_done_keeps_ok_and_mid_stream_failure_is_an_exceptio
     assert rec.status == OK and rec.output_tokens == 3
     rec = await one(mid_stream)
     assert rec.status == EXCEPTION and "RemoteProtocolError" in rec.error and rec.num_chunks == 1
+
+
+# ------------------------------------------------------------------------------- --plot
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _assert_nontrivial_png(path) -> None:
+    mpimg = pytest.importorskip("matplotlib.image")
+    assert path.exists() and path.read_bytes()[:8] == PNG_MAGIC
+    assert path.stat().st_size > 20_000
+    img = mpimg.imread(path)
+    h, w = img.shape[:2]
+    assert w > 600 and h > 400
+    rgba = (np.asarray(img)[..., :4] * 255).astype(np.uint8)  # imread gives PNGs as 0..1 floats
+    if rgba.shape[-1] == 3:
+        rgba = np.concatenate([rgba, np.full(rgba.shape[:2] + (1,), 255, np.uint8)], axis=-1)
+    colours = np.unique(np.ascontiguousarray(rgba).view(np.uint32))  # one uint32 per pixel
+    assert len(colours) > 50  # lines, bars, text antialiasing: far more than a blank canvas
+
+
+@pytest.fixture
+def fake_server_url():
+    """loadtest.fake_server on an ephemeral port, its event loop in a thread (the load test's
+    own ``anyio.run`` stays in the main thread, as on the command line)."""
+    from anyio.abc import SocketAttribute
+    from anyio.from_thread import start_blocking_portal
+
+    from loadtest.fake_server import FakeServer
+
+    with start_blocking_portal() as portal:
+        listener = portal.call(lambda: anyio.create_tcp_listener(local_host="127.0.0.1",
+                                                                 local_port=0))
+        port = listener.extra(SocketAttribute.local_port)
+        served = portal.start_task_soon(listener.serve, FakeServer(0.001, 0.001, 1 << 30).handle)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            served.cancel()
+            portal.call(listener.aclose)
+
+
+def test_plot_png_from_a_fake_server_run(tmp_path, capsys, fake_server_url):
+    pytest.importorskip("matplotlib")
+    from loadtest import plot
+
+    png, out = tmp_path / "out.png", tmp_path / "res.json"
+    argv = ["--url", fake_server_url, "--model", "fake", "--concurrency", "1,4",
+            "--num-requests", "12", "--prompt-len", "4", "--output-len", "3:8",
+            "--slo-ttft", "10000", "--out", str(out), "--plot", str(png), "-q"]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out.strip().splitlines()
+    assert stdout[-1].startswith("c4")  # the table is still last
+    _assert_nontrivial_png(png)
+
+    data = json.loads(out.read_text())
+    levels = plot.levels_from_json(data)
+    assert [lv.label for lv in levels] == ["concurrency 1", "concurrency 4"]
+    for lv, raw in zip(levels, data["levels"]):
+        s = raw["summary"]
+        assert s["num_ok"] == 12 == lv.num_ok
+        assert len(lv.ttft_ms) == s["ttft"]["count"] and len(lv.itl_ms) == s["itl"]["count"] > 0
+        assert lv.output_throughput == s["output_throughput"] and lv.goodput == s["goodput"]
+
+    # the same picture later from the JSON
+    again = tmp_path / "again.png"
+    assert plot.main([str(out), str(again), "--note", "from the JSON"]) == 0
+    _assert_nontrivial_png(again)
+
+
+def test_plot_edge_levels_rates_interrupted_and_empty(tmp_path):
+    pytest.importorskip("matplotlib")
+    from loadtest.plot import LevelData, plot_levels
+
+    rng = np.random.default_rng(0)
+    levels = [
+        LevelData("rate=2", "poisson", request_rate=2.0, ttft_ms=list(rng.uniform(20, 40, 30)),
+                  itl_ms=list(rng.uniform(5, 9, 300)), output_throughput=120.0,
+                  request_throughput=2.0, num_ok=30),
+        LevelData("rate=8", "poisson", concurrency=4, request_rate=8.0, ttft_ms=[],
+                  itl_ms=[], output_throughput=0.0, request_throughput=0.0, num_failed=5,
+                  interrupted=True),
+        LevelData("c16", "closed", concurrency=16, ttft_ms=[50.0], itl_ms=[],
+                  output_throughput=10.0, num_ok=1),
+    ]
+    assert [lv.tick for lv in levels] == ["2", "8*", "16"]
+    assert levels[1].label == "8 req/s (cap 4) (interrupted)"
+    png = plot_levels(levels, tmp_path / "edge.png", model="m", endpoint="chat")
+    _assert_nontrivial_png(png)
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path, capsys, monkeypatch):
+    from loadtest.plot import PlotUnavailable, plot_results
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(PlotUnavailable, match=r"pip install 'aioinfer\[plot\]'"):
+        plot_results([], tmp_path / "x.png", model="m", endpoint="completions")
+
+    server = MockServer()
+    out, png = tmp_path / "res.json", tmp_path / "x.png"
+    argv = ["--model", "m", "--concurrency", "1", "--num-requests", "2", "--output-len", "2",
+            "--out", str(out), "--plot", str(png), "-q"]
+    with pytest.raises(SystemExit) as exc:
+        main(argv, transport=httpx.MockTransport(server))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--plot" in err and "aioinfer[plot]" in err and "Traceback" not in err
+    assert server.calls == 0 and not out.exists() and not png.exists()  # failed before the run

@@ -4,9 +4,8 @@ Sources (vllm-project/vllm, read 2026-12-02):
 - OVERVIEW: examples/observability/dashboards/grafana/vllm_overview.json
 - OLDER: examples/online_serving/prometheus_grafana/grafana.json
 
-Data for issue 18's dashboard test (every family found on /metrics after traffic); not yet used:
-families missing on 2026-12-02 are the HTTP pair, the request phase times, time per output token,
-waiting by reason, prompt tokens by source, the external / multimodal cache counters.
+Data for tests/test_vllm_dashboard_metrics.py: every family is found on /metrics after traffic, with
+its type and the label values the dashboards select.
 """
 
 OVERVIEW = {  # family name -> {"type": "counter"|"histogram"|"gauge", "labels": {label: [literal values used, if any]}}

@@ -70,6 +70,7 @@ class RequestStats:
     inter_token_latencies: tuple[float, ...]  # seconds between consecutive token deliveries
     num_preemptions: int
     engine_index: int = 0  # the data-parallel replica that served it (0 without data parallelism)
+    decode_time: Optional[float] = None  # seconds from the first token to the last one (None if none came)
 
 
 class EngineObserver(Protocol):
@@ -101,6 +102,7 @@ def request_stats(channel: RequestChannel, status: str, finish_reason: Optional[
         e2e_latency=now - channel.arrival,
         inter_token_latencies=tuple(channel.inter_token),
         num_preemptions=channel.num_preemptions,
+        decode_time=None if channel.first_token_at is None else channel.last_token_at - channel.first_token_at,
     )
 
 

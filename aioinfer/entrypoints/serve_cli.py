@@ -177,21 +177,27 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         parser.add_argument(flag, type=typ, default=None, help=_with_default(text, name))
     for flag, (name, text) in _SERVER_SWITCHES.items():
         parser.add_argument(flag, dest=name, action=_Switch, default=None, help=_with_default(text, name))
-    for option, typ in ENGINE_OPTIONS.items():
-        if option == "fault_inject_step":
-            continue  # tests only (AIOINFER_FAULT_INJECT_STEP)
-        flags = ["--" + option.replace("_", "-"), *_VLLM_FLAGS.get(option, ())]
-        # default None everywhere: an absent flag leaves the AIOINFER_* variable (or the default) in force
-        text = _with_default(_ENGINE_HELP.get(option), option)
-        if typ is bool:
-            parser.add_argument(*flags, dest=option, action=_Switch, default=None, help=text)
-        else:
-            parser.add_argument(*flags, dest=option, type=_ARGUMENT_TYPES.get(option, typ), default=None,
-                                choices=_ENGINE_CHOICES.get(option), help=text)
+    # default None everywhere: an absent flag leaves the AIOINFER_* variable (or the default) in force
+    add_engine_flags(parser, default=None)
     parser.add_argument("--disable-log-requests", action="store_true", help="no per-request JSON log lines")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=run_serve)
     return parser
+
+
+def add_engine_flags(parser: argparse.ArgumentParser, default: Any = None) -> None:
+    """The engine's options as flags (``--max-model-len``, vLLM's short forms, ``--x`` / ``--no-x``
+    switches), each with ``default`` when absent (``argparse.SUPPRESS``: not in the namespace at all)."""
+    for option, typ in ENGINE_OPTIONS.items():
+        if option == "fault_inject_step":
+            continue  # tests only (AIOINFER_FAULT_INJECT_STEP)
+        flags = ["--" + option.replace("_", "-"), *_VLLM_FLAGS.get(option, ())]
+        text = _with_default(_ENGINE_HELP.get(option), option)
+        if typ is bool:
+            parser.add_argument(*flags, dest=option, action=_Switch, default=default, help=text)
+        else:
+            parser.add_argument(*flags, dest=option, type=_ARGUMENT_TYPES.get(option, typ), default=default,
+                                choices=_ENGINE_CHOICES.get(option), help=text)
 
 
 def config_from_args(args: argparse.Namespace, environ=None) -> ServerConfig:

@@ -36,6 +36,7 @@ logger = logging.getLogger("aioinfer.server")
 # Probes and scrapes must work without credentials (load balancers, Prometheus).
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 STATE_KEY = "aioinfer"
+REQUEST_START = "aioinfer.request_start"  # request.scope key: time.perf_counter() when the request began
 # RFC 6750: a 401 names the scheme the client must use.
 WWW_AUTHENTICATE = 'Bearer realm="aioinfer"'
 
@@ -66,6 +67,10 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
         await state.stop()
 
     @app.before_request
+    async def _start_clock():  # first, so that every response has its duration (metrics' HTTP histogram)
+        request.scope[REQUEST_START] = time.perf_counter()
+
+    @app.before_request
     async def _body_verdict():
         error = request.scope.get(BODY_ERROR)  # BodyLimit's verdict on a body it did not hand on
         if error == TOO_LARGE:
@@ -90,7 +95,9 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
             response.headers["X-Request-Id"] = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         if state.metrics is not None:
             route = request.url_rule.rule if request.url_rule is not None else "unmatched"
-            state.metrics.observe_http(route, response.status_code)
+            start = request.scope.get(REQUEST_START)
+            state.metrics.observe_http(route, response.status_code, request.method,
+                                       None if start is None else time.perf_counter() - start)
         if response.status_code >= 400 and request.path not in OPEN_PATHS:  # probes would flood the log
             state.request_log.log_http_error(
                 request_id=request.headers.get("X-Request-Id"), method=request.method, path=request.path,

@@ -3,7 +3,7 @@
 from aioinfer.outputs import CompletionOutput, Logprob, RequestOutput
 from aioinfer.sampling_params import RequestOutputKind, SamplingParams
 
-__version__ = "0.1.0"
+from aioinfer.version import __version__
 
 __all__ = ["LLM", "Engine", "DataParallelEngine", "create_engine", "SamplingParams", "RequestOutput",
            "CompletionOutput", "Logprob", "RequestOutputKind", "AsyncLLM", "AsyncEngineArgs", "EngineArgs",

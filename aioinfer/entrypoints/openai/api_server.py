@@ -17,7 +17,7 @@ from typing import Optional
 from quart import Quart, request
 from werkzeug.exceptions import HTTPException
 
-import aioinfer
+from aioinfer.version import __version__
 from aioinfer.entrypoints.openai.body_limit import BODY_ERROR, TOO_LARGE, BodyLimit
 from aioinfer.entrypoints.openai.content_type import require_json
 from aioinfer.entrypoints.openai.errors import APIError, request_timeout, request_too_large, unauthorized
@@ -163,7 +163,7 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
 
     @app.get("/version")
     async def version():
-        return json_response({"version": aioinfer.__version__})
+        return json_response({"version": __version__})
 
     @app.get("/health")
     async def health():

@@ -65,6 +65,7 @@ class EngineCore:
         # Added requests with a grammar, not yet seen finished: a step scheduled ahead is launched
         # with its masks deferred until the tokens before it are collected (worker/grammar_mask.py).
         self._grammar_requests: list[Request] = []
+        self._grammar_sweep_at = 64  # _grammar_requests' length past which it is swept anyway
         self._tensor_parallel = tensor_parallel
 
     def shutdown(self) -> None:
@@ -142,10 +143,15 @@ class EngineCore:
             self._deferred = False
 
     def _grammars_alive(self) -> bool:
-        if not self._grammar_requests:
-            return False
-        self._grammar_requests = [r for r in self._grammar_requests if not r.status.finished]
-        return bool(self._grammar_requests)
+        """Whether an added request with a grammar is not finished: every step asks, so the list is
+        only swept when its oldest request has finished or finished ones may have piled up behind
+        it (a long request ahead of many short ones)."""
+        requests = self._grammar_requests
+        if requests and not requests[0].status.finished and len(requests) <= self._grammar_sweep_at:
+            return True
+        self._grammar_requests = requests = [r for r in requests if not r.status.finished]
+        self._grammar_sweep_at = max(64, 2 * len(requests))
+        return bool(requests)
 
     def _time_step(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput, lockstep: bool) -> None:
         """Speculation's measured payoff (spec_decode/payoff.py): a decode step's tokens over the time

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -77,6 +78,8 @@ class PendingMask:
     plain: list  # (matcher, its mask row) of the requests without drafts
     with_drafts: list  # (matcher, its first mask row, its drafts) of those with drafts
     future: Optional[Future] = None
+    bits: Optional[torch.Tensor] = None  # on the device, once ``copied`` (CUDA: its copy started by ``_compute``)
+    copied: Optional[torch.cuda.Event] = None
 
 
 class GrammarMasks:
@@ -86,6 +89,7 @@ class GrammarMasks:
         self.device = device
         self._executor = None  # llguidance.LLExecutor, made at first use
         self._thread: Optional[ThreadPoolExecutor] = None  # for ``start``, made at first use
+        self._copy_stream = None  # the masks' host-to-device copies (``_copy_to_device``), made at first use
         self._group = None  # tensor parallelism (``share_over``): rank 0 sends the masks, the others receive
         self.fill_seconds = 0.0  # host time spent filling masks, for benchmarks
         self.num_fills = 0
@@ -98,21 +102,22 @@ class GrammarMasks:
     def _receives(self) -> bool:
         return self._group is not None and self._group.rank > 0
 
-    def advance(self, rows: Sequence[tuple[SamplingRow, int]]) -> None:
-        """Each row's matcher takes its one new token, in llguidance's threads (one call for the batch,
-        without the GIL: 256 matchers one by one held the GIL about 0.5 ms a step). A stopped matcher
-        (complete: only EOS was allowed, and taken unless ignore_eos) takes none. The tokens were
-        sampled under the masks, so they fit; a failure means a bug, and the matcher's error state
-        then allows EOS only."""
-        self._consume(_live(rows))
+    def advance(self, live: Sequence[tuple[object, int]]) -> None:
+        """Each matcher takes its one new token (``live``: (matcher, token) pairs, ``live_tokens``'s:
+        a stopped matcher, complete with only EOS allowed, takes none), in llguidance's threads (one call for the batch, without the GIL:
+        256 matchers one by one held the GIL about 0.5 ms a step). The tokens were sampled under the
+        masks, so they fit; a failure means a bug, and the matcher's error state then allows EOS only."""
+        self._consume(live)
 
     def _consume(self, live: list) -> None:
         if not live:
             return
-        for (matcher, token_id), accepted in zip(live, self._llg_executor().consume_token_par(live)):
-            if not accepted:
-                logger.error("structured outputs: the grammar rejected sampled token %d: %s", token_id,
-                             matcher.get_error())
+        accepted = self._llg_executor().consume_token_par(live)
+        if not all(accepted):
+            for (matcher, token_id), ok in zip(live, accepted):
+                if not ok:
+                    logger.error("structured outputs: the grammar rejected sampled token %d: %s", token_id,
+                                 matcher.get_error())
 
     def _llg_executor(self):
         if self._executor is None:
@@ -132,6 +137,15 @@ class GrammarMasks:
         ``start`` (in the worker) or ``finish_fill`` (here). ``tokens_known=False``: a step launched
         ahead, planned before the tokens of the step before it are collected (and its matchers
         advanced by them: only then may ``start`` run)."""
+        if drafts is None:  # one row a request: a mask row is its state's row (the common step, kept short)
+            grammar_states = [i for i, state in enumerate(states) if state.grammar is not None]
+            if not grammar_states:
+                return None
+            assert not tokens_known or all(states[i].num_pending_tokens == 0 for i in grammar_states), \
+                "a grammar with tokens still on the device"
+            plain = [(states[i].grammar, k) for k, i in enumerate(grammar_states)]
+            return PendingMask(self._host_buffer(len(grammar_states), drafts), grammar_states, len(states),
+                               grammar_states, plain, [])
         plain, with_drafts = [], []  # as llguidance takes them (it refuses an empty draft list)
         rows: list[int] = []
         grammar_states: list[int] = []
@@ -150,30 +164,37 @@ class GrammarMasks:
             num_rows += width
         if not rows:
             return None
-        pinned = self.device.type == "cuda"
-        if self._receives:
-            host = None
-        elif drafts is None:  # the executor writes every row whole: no need to clear 4.9 MB (256 rows, 151k vocab)
-            host = torch.empty((len(rows), self.num_words), dtype=torch.int32, pin_memory=pinned)
-        else:  # rows after a draft the grammar rejects are left as they are: all allowed (and discarded)
-            host = torch.full((len(rows), self.num_words), -1, dtype=torch.int32, pin_memory=pinned)
-        return PendingMask(host, rows, num_rows, grammar_states, plain, with_drafts)
+        return PendingMask(self._host_buffer(len(rows), drafts), rows, num_rows, grammar_states, plain, with_drafts)
 
-    def start(self, pending: Optional[PendingMask], advances: Sequence[tuple[SamplingRow, int]] = ()) -> None:
-        """``advance`` by ``advances`` (the tokens just collected), then compute ``pending``'s masks,
+    def _host_buffer(self, num_rows: int, drafts) -> Optional[torch.Tensor]:
+        """Where the executor writes the masks (pinned on CUDA); None on a rank that receives them."""
+        if self._receives:
+            return None
+        pinned = self.device.type == "cuda"
+        if drafts is None:  # the executor writes every row whole: no need to clear 4.9 MB (256 rows, 151k vocab)
+            return torch.empty((num_rows, self.num_words), dtype=torch.int32, pin_memory=pinned)
+        # Rows after a draft the grammar rejects are left as they are: all allowed (and discarded).
+        return torch.full((num_rows, self.num_words), -1, dtype=torch.int32, pin_memory=pinned)
+
+    def start(self, pending: Optional[PendingMask], live: Sequence[tuple[object, int]] = ()) -> None:
+        """``advance`` by ``live`` (the tokens just collected), then compute ``pending``'s masks,
         in the worker thread while the caller goes on (llguidance works in its own threads, without
-        the GIL). Returns once the worker is inside llguidance: a thread that merely wakes up needs
-        the GIL first, which the engine thread, busy in Python, gives up only at its next blocking
-        call or after the interpreter's switch interval (5 ms)."""
+        the GIL). The worker needs the GIL twice on the way: to start, and between the two calls into
+        llguidance; the engine thread, busy in Python meanwhile, would give it up only at its next
+        blocking call or after the interpreter's switch interval (5 ms), so the masks waited for the
+        engine thread's work (``_HANDOFF``: a short switch interval until the worker is in the masks)."""
         if pending is None:
-            self.advance(advances)
+            self.advance(live)
             return
         self._llg_executor()
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="aioinfer-grammar")
-        inside = threading.Event()
-        pending.future = self._thread.submit(self._compute, pending, inside, _live(advances))
-        inside.wait()
+        _HANDOFF.enter()
+        try:
+            pending.future = self._thread.submit(self._compute, pending, live, True)
+        except BaseException:
+            _HANDOFF.exit()
+            raise
 
     def finish_fill(self, pending: Optional[PendingMask]) -> Optional[StepMask]:
         """The masks of ``pending`` on the device (one copy from pinned memory), computed here if no
@@ -189,32 +210,49 @@ class GrammarMasks:
                 self._compute(pending)
             else:
                 pending.future.result()
-            pinned = self.device.type == "cuda"
-            bits = pending.host.to(self.device, non_blocking=True) if pinned else pending.host
+            if pending.copied is not None:
+                compute = torch.cuda.current_stream(self.device)
+                compute.wait_event(pending.copied)
+                bits = pending.bits
+                bits.record_stream(compute)  # its memory is not reused before the sampling has read it
+            else:  # the CPU (or a copy not started: then on the compute stream, after the forward)
+                bits = pending.host.to(self.device, non_blocking=True) if self.device.type == "cuda" else pending.host
             if self._group is not None:
                 self._group.broadcast_tensor(bits)
         index = None if len(pending.rows) == pending.num_rows else host_to_device(pending.rows, torch.int64, self.device)
         return StepMask(bits, index, pending.grammar_states)
 
-    def _compute(self, pending: PendingMask, inside: Optional[threading.Event] = None, live: Sequence = ()) -> None:
+    def _copy_to_device(self, pending: PendingMask) -> None:
+        """Start the masks' one host-to-device copy (4.9 MB at 256 rows of Qwen2.5's vocabulary: about
+        0.25 ms of the H200's copy engine) as soon as they are computed, on a stream of its own: it
+        then runs while the step's forward still computes, instead of after it on the compute
+        stream, where it held up every constrained step's sampling. ``finish_fill`` makes the
+        compute stream wait for it."""
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        with torch.cuda.device(self.device), torch.cuda.stream(self._copy_stream):
+            pending.bits = pending.host.to(self.device, non_blocking=True)
+            pending.copied = torch.cuda.Event()
+            pending.copied.record(self._copy_stream)
+
+    def _compute(self, pending: PendingMask, live: Sequence = (), handoff: bool = False) -> None:
         started = time.perf_counter()
         # The executor writes row k of the mask at data_ptr + k * row bytes (llguidance.torch's helpers
         # do the same, but importing that module costs seconds: it compiles a kernel with torch.compile).
         host = pending.host
         row_bytes, num_rows = self.num_words * 4, host.shape[0]
         try:
-            if inside is not None:
-                # Set just before the calls that release the GIL: the waiting caller takes it back then.
-                inside.set()
             self._consume(live)
-            if pending.plain:
-                self._executor.unsafe_compute_mask_ptr(pending.plain, host.data_ptr(), row_bytes, num_rows)
-            if pending.with_drafts:
-                self._executor.unsafe_compute_mask_ptr_with_draft_token(pending.with_drafts, host.data_ptr(),
-                                                                        row_bytes, num_rows)
         finally:
-            if inside is not None:  # (an error before the calls: the caller must not wait forever)
-                inside.set()
+            if handoff:  # the GIL is not needed again before the masks are done
+                _HANDOFF.exit()
+        if pending.plain:
+            self._executor.unsafe_compute_mask_ptr(pending.plain, host.data_ptr(), row_bytes, num_rows)
+        if pending.with_drafts:
+            self._executor.unsafe_compute_mask_ptr_with_draft_token(pending.with_drafts, host.data_ptr(),
+                                                                    row_bytes, num_rows)
+        if self.device.type == "cuda":
+            self._copy_to_device(pending)
         self.fill_seconds += time.perf_counter() - started
         self.num_fills += 1
 
@@ -223,6 +261,36 @@ class GrammarMasks:
         return apply_bitmask(logits, mask.bits, mask.rows)
 
 
-def _live(rows: Sequence[tuple[SamplingRow, int]]) -> list:
-    """(matcher, token) for the rows whose matcher is not stopped."""
-    return [(state.grammar, token_id) for state, token_id in rows if not state.grammar.is_stopped()]
+def live_tokens(states: Sequence[SamplingRow], token_ids: Sequence[int], indices: Sequence[int]) -> list:
+    """(matcher, token) for the states at ``indices`` whose matcher is not stopped (one pass: this
+    runs every step on the engine thread)."""
+    return [(grammar, token_ids[i]) for i in indices if not (grammar := states[i].grammar).is_stopped()]
+
+
+class _ShortSwitchInterval:
+    """The interpreter's switch interval lowered while a worker must take the GIL from a busy thread
+    (nested: engines of one process share it); the caller's value comes back when the last one exits.
+    A thread waiting for the GIL asks its holder to drop it after this interval: 50 µs instead of
+    5 ms, for the fraction of a millisecond a step the worker needs it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._saved = 0.0
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._holders == 0:
+                self._saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(self.seconds, self._saved))
+            self._holders += 1
+
+    def exit(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            if self._holders == 0:
+                sys.setswitchinterval(self._saved)
+
+
+_HANDOFF = _ShortSwitchInterval(50e-6)

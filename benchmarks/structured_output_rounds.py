@@ -1,0 +1,132 @@
+"""Constrained against unconstrained throughput in one engine, in alternating rounds: workload 1
+(dummy weights) free, then with every request constrained by a JSON schema, then free again, ...
+
+    python -m benchmarks.structured_output_rounds --tokenizer FOLDER [--model qwen2.5-0.5b]
+        [--rounds 4] [--schema strings] [--variant NAME ...] [--out FILE.json]
+
+One engine for every run, so that the machine's drift between engines (the H200 host gave 41.7-60.8k
+tok/s for the same free run in one session) falls on both sides of each ratio alike; every run has
+a fresh prefix-cache salt. Per run: tok/s, engine steps, the engine thread's CPU ms per step and the
+grammar worker's advance + masks ms per step. The ratio reported is the median over rounds of
+constrained / mean of the free runs around it.
+
+``--variant`` adds constrained runs of another form in every round, for an A/B in one engine: a
+variant is a function in ``VARIANTS`` that patches the engine for its run and returns the undo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from typing import Any, Callable
+
+import torch
+
+from aioinfer import SamplingParams
+from aioinfer.structured_output import StructuredOutputsParams
+from benchmarks.common import SHAPES, default_device, fresh_cache_salt, make_llm, workload1, write_dummy_model
+from benchmarks.offline_throughput import STRUCTURED_SCHEMAS
+
+# name -> patch(engine) returning an undo; registered by scripts that import this module.
+VARIANTS: dict[str, Callable[[Any], Callable[[], None]]] = {}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    p.add_argument("--tokenizer", required=True, help="a tokenizer folder for the shape's vocabulary")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--schema", choices=sorted(STRUCTURED_SCHEMAS), default="strings")
+    p.add_argument("--variant", action="append", default=[], help="a name in VARIANTS (repeatable)")
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    print(json.dumps(run(args)["summary"], indent=1))
+
+
+def run(args) -> dict[str, Any]:
+    device = default_device(args.device)
+    shape = SHAPES[args.model]
+    folder = write_dummy_model(shape, tempfile.mkdtemp())
+    llm, _ = make_llm(str(folder), device, None, None, max_model_len=2048, max_num_seqs=256,
+                      max_num_batched_tokens=8192, gpu_memory_utilization=0.9, tokenizer=args.tokenizer)
+    engine = llm.engine
+    masks = engine.runner.grammar_masks
+    constraint = StructuredOutputsParams(json=STRUCTURED_SCHEMAS[args.schema])
+
+    def timed(requests, constrained: bool) -> dict[str, float]:
+        params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.0,
+                                 structured_outputs=constraint if constrained else None) for r in requests]
+        fill_s, fills, steps = masks.fill_seconds, masks.num_fills, engine.num_steps
+        _sync(device)
+        cpu, start = time.thread_time(), time.perf_counter()
+        outs = llm.generate([r.prompt for r in requests], params, use_tqdm=False, cache_salt=fresh_cache_salt())
+        _sync(device)
+        seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        steps = max(1, engine.num_steps - steps)
+        return {"tok_per_s": tokens / seconds, "tokens": tokens, "steps": steps,
+                "ms_per_step": 1e3 * seconds / steps, "engine_cpu_ms_per_step": 1e3 * cpu / steps,
+                "worker_ms_per_step": (1e3 * (masks.fill_seconds - fill_s) / (masks.num_fills - fills)
+                                       if masks.num_fills > fills else 0.0)}
+
+    warm = workload1(num_requests=4, seed=1, max_input_len=200, max_output_len=110, max_token_id=500)
+    timed(warm, False), timed(warm, True)
+    requests = workload1(max_token_id=min(10000, shape.vocab - 1))[: args.num_requests]
+    forms = ["constrained"] + list(args.variant)
+    runs: list[dict[str, Any]] = []
+    for round_ in range(args.rounds):
+        runs.append({"round": round_, "form": "free", **timed(requests, False)})
+        print(_line(runs[-1]), flush=True)
+        for form in forms:
+            undo = VARIANTS[form](engine) if form != "constrained" else (lambda: None)
+            try:
+                runs.append({"round": round_, "form": form, **timed(requests, True)})
+            finally:
+                undo()
+            print(_line(runs[-1]), flush=True)
+    runs.append({"round": args.rounds, "form": "free", **timed(requests, False)})
+    print(_line(runs[-1]), flush=True)
+
+    summary: dict[str, Any] = {"model": args.model, "schema": args.schema, "rounds": args.rounds}
+    for form in forms:
+        ratios = []
+        for round_ in range(args.rounds):
+            free = [r["tok_per_s"] for r in runs if r["form"] == "free" and r["round"] in (round_, round_ + 1)]
+            mine = next(r for r in runs if r["form"] == form and r["round"] == round_)
+            ratios.append(mine["tok_per_s"] / statistics.mean(free))
+        mine = [r for r in runs if r["form"] == form]
+        summary[form] = {"ratio_median": statistics.median(ratios), "ratios": [round(x, 3) for x in ratios],
+                         "tok_per_s_median": statistics.median(r["tok_per_s"] for r in mine),
+                         "worker_ms_per_step": statistics.median(r["worker_ms_per_step"] for r in mine),
+                         "engine_cpu_ms_per_step": statistics.median(r["engine_cpu_ms_per_step"] for r in mine),
+                         "ms_per_step": statistics.median(r["ms_per_step"] for r in mine)}
+    free = [r for r in runs if r["form"] == "free"]
+    summary["free"] = {"tok_per_s_median": statistics.median(r["tok_per_s"] for r in free),
+                       "engine_cpu_ms_per_step": statistics.median(r["engine_cpu_ms_per_step"] for r in free),
+                       "ms_per_step": statistics.median(r["ms_per_step"] for r in free)}
+    result = {"summary": summary, "runs": runs}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    llm.shutdown()
+    return result
+
+
+def _line(r: dict[str, Any]) -> str:
+    return (f"round {r['round']} {r['form']:>14}: {r['tok_per_s']:9,.0f} tok/s  {r['steps']:5d} steps  "
+            f"{r['ms_per_step']:.3f} ms/step  engine cpu {r['engine_cpu_ms_per_step']:.3f}  "
+            f"worker {r['worker_ms_per_step']:.3f} ms/step")
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

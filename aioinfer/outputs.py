@@ -15,6 +15,9 @@ class Logprob:
 
 # One dict per generated token: token id -> Logprob (the sampled token and the top-N).
 SampleLogprobs = list[dict[int, Logprob]]
+# One entry per prompt token: None for the first (nothing before it), then token id -> Logprob (the
+# prompt token, given the tokens before it, and the top-N at its position). vLLM's shape.
+PromptLogprobs = list[Optional[dict[int, Logprob]]]
 
 
 @dataclass(slots=True)
@@ -26,6 +29,9 @@ class CompletionOutput:
     logprobs: Optional[SampleLogprobs] = None
     finish_reason: Optional[str] = None  # "stop" | "length" | "abort"
     stop_reason: object = None  # the stop string or stop token id that ended it, if any
+    # The prompt logprobs of the engine request behind this output, for the RequestOutput built
+    # around it (RequestOutput.prompt_logprobs takes them when not given); not part of vLLM's record.
+    _prompt_logprobs: Optional[PromptLogprobs] = field(default=None, repr=False, compare=False)
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -40,3 +46,9 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     metrics: dict = field(default_factory=dict)
+    prompt_logprobs: Optional[PromptLogprobs] = None  # with SamplingParams.prompt_logprobs
+
+    def __post_init__(self) -> None:
+        # Every choice of a prompt scores the same prompt: the first output's serve the request.
+        if self.prompt_logprobs is None and self.outputs:
+            self.prompt_logprobs = getattr(self.outputs[0], "_prompt_logprobs", None)

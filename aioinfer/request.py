@@ -80,6 +80,9 @@ class Request:
     # Structured outputs: its llguidance matcher (structured_output/compiler.py), advanced by the model
     # runner with every token it samples; None without a constraint.
     grammar: Optional[object] = None
+    # Prompt logprobs (sampling_params.prompt_logprobs): the runs of rows computed so far
+    # (PromptLogprobRows), kept until they leave with the first token (Scheduler.update).
+    prompt_logprob_rows: Optional[list] = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -10,6 +10,12 @@ from typing import Optional, Union
 from aioinfer.structured_output.params import StructuredOutputsParams
 
 _GREEDY_EPSILON = 1e-5  # temperatures below this are treated as greedy, as in vLLM
+MAX_LOGPROBS = 20  # top-N cap of ``logprobs`` and ``prompt_logprobs`` (vLLM's default max_logprobs)
+WHOLE_VOCAB = -1  # ``logprobs`` / ``prompt_logprobs`` value asking for every vocabulary entry (vLLM's -1)
+# What a WHOLE_VOCAB request may ask for in all: positions x vocabulary entries. Each entry becomes a
+# Logprob object and, on the server, JSON (~150 bytes together): 2**23 is ~1.2 GB of host memory at
+# worst, and 55 positions of a 151k vocabulary (a short chat prompt, or a few generated tokens).
+MAX_WHOLE_VOCAB_ENTRIES = 1 << 23
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -40,7 +46,10 @@ class SamplingParams:
     ignore_eos: bool = False
     max_tokens: Optional[int] = 16  # None: up to the model's context length
     min_tokens: int = 0  # EOS and stop tokens are masked until this many tokens were generated
-    logprobs: Optional[int] = None  # top-N logprobs per generated token (the sampled one always included)
+    logprobs: Optional[int] = None  # top-N logprobs per generated token (the sampled one always included); -1: all
+    # top-N logprobs per prompt token, of the token given the ones before it (the prompt token itself
+    # always included; the first token has none); -1: all. RequestOutput.prompt_logprobs
+    prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     # The output must match a JSON schema, regex, choice or grammar (a dict is taken as its fields).
@@ -103,8 +112,10 @@ class SamplingParams:
         check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "must be an integer >= 0")
         if self.max_tokens is not None:
             check(self.min_tokens <= self.max_tokens, "min_tokens", "must be <= max_tokens")
-        check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
-              "logprobs", "must be an integer in [0, 20] or None")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            check(value is None or (_is_int(value) and (0 <= value <= MAX_LOGPROBS or value == WHOLE_VOCAB)),
+                  name, f"must be an integer in [0, {MAX_LOGPROBS}], -1 (the whole vocabulary) or None")
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
               "must be non-negative integers")
@@ -117,12 +128,25 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def validate_for_vocab(self, vocab_size: int) -> None:
-        """Token ids the caller named must exist in the model's vocabulary."""
+        """Token ids the caller named must exist in the model's vocabulary; whole-vocabulary logprobs
+        of generated tokens must stay within ``MAX_WHOLE_VOCAB_ENTRIES``."""
         for name, ids in (("stop_token_ids", self.stop_token_ids),
                           ("logit_bias", list(self.logit_bias or ()))):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 raise ValueError(f"{name} holds token ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
+        if self.logprobs == WHOLE_VOCAB:
+            limit = max(1, MAX_WHOLE_VOCAB_ENTRIES // vocab_size)
+            if self.max_tokens is None or self.max_tokens > limit:
+                raise ValueError(f"logprobs -1 (all {vocab_size} vocabulary entries a token) needs max_tokens "
+                                 f"<= {limit}, got {self.max_tokens!r}")
+
+    def validate_for_prompt(self, num_prompt_tokens: int, vocab_size: int) -> None:
+        """Whole-vocabulary prompt logprobs must stay within ``MAX_WHOLE_VOCAB_ENTRIES``."""
+        if self.prompt_logprobs == WHOLE_VOCAB and num_prompt_tokens * vocab_size > MAX_WHOLE_VOCAB_ENTRIES:
+            raise ValueError(f"prompt_logprobs -1 (all {vocab_size} vocabulary entries a prompt token) takes "
+                             f"prompts of at most {max(1, MAX_WHOLE_VOCAB_ENTRIES // vocab_size)} tokens, "
+                             f"got {num_prompt_tokens}")
 
     def clone(self) -> "SamplingParams":
         """An independent copy. Every field is immutable but the containers ``stop``,
@@ -134,6 +158,11 @@ class SamplingParams:
         if self.logit_bias is not None:
             new.logit_bias = dict(self.logit_bias)
         return new
+
+
+def num_logprobs(value: int, vocab_size: int) -> int:
+    """How many top entries a ``logprobs`` / ``prompt_logprobs`` value asks for (-1: the vocabulary)."""
+    return vocab_size if value == WHOLE_VOCAB else value
 
 
 def _is_int(value: object) -> bool:

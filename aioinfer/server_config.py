@@ -29,6 +29,19 @@ def speculative_config_json(raw: str) -> dict:
     return json.loads(raw)
 
 
+def string_list_json(raw: str) -> tuple[str, ...]:
+    """``--allowed-origins`` and its siblings: vLLM's JSON list of strings (``'["https://a.example"]'``)."""
+    import json
+
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
+        raise ValueError(f"expected a JSON list of strings such as '[\"https://app.example\"]', got {raw!r}")
+    return tuple(value)
+
+
 # Engine options (passed to Engine(**engine_kwargs)) and their types. None of them is set unless
 # asked for, so the engine's own defaults stay the single source of truth.
 ENGINE_OPTIONS: dict[str, type] = {
@@ -85,6 +98,21 @@ class ServerConfig:
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:<id>" unless a request says no
     # vLLM's --chat-template: a Jinja file, or the template itself, used instead of the tokenizer's
     chat_template: Optional[str] = None
+    # vLLM's CORS options, with the semantics of the Starlette middleware vLLM uses (cors.py): what a
+    # page of another origin may send; "*" is any. No origins: CORS off (no page of another origin
+    # can read a response or pass a preflight).
+    allowed_origins: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False  # cookies / Authorization from such pages (the Origin is echoed, never "*")
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)  # request headers a preflight may ask for
+    # vLLM's --root-path: the prefix a proxy serves the app under; requests work with it or without it
+    root_path: Optional[str] = None
+    # vLLM's TLS options (`serve` only: under plain hypercorn, its --certfile, --keyfile, --ca-certs, ...)
+    ssl_keyfile: Optional[str] = None  # PEM private key (None: in ssl_certfile)
+    ssl_certfile: Optional[str] = None  # PEM certificate chain; set: HTTPS only
+    ssl_ca_certs: Optional[str] = None  # PEM CAs that client certificates are checked against
+    ssl_cert_reqs: int = 0  # client certificates: 0 none, 1 optional, 2 required (Python's ssl.CERT_*)
+    ssl_ciphers: Optional[str] = None  # OpenSSL cipher list for TLS <= 1.2 (None: hypercorn's)
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # see ENGINE_OPTIONS
 
     def __post_init__(self) -> None:
@@ -98,9 +126,34 @@ class ServerConfig:
             raise ValueError(f"listen_backlog must be an integer >= 0, got {self.listen_backlog!r}")
         if self.chat_template is not None:
             self.resolved_chat_template()  # a missing file fails at start-up, not at the first chat request
+        for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(item, str) for item in value):
+                raise ValueError(f"{name} must be a list of strings, got {value!r}")
+            object.__setattr__(self, name, tuple(value))  # frozen, so any sequence is kept as a tuple
+        if self.root_path and not self.root_path.startswith("/"):
+            raise ValueError(f"root_path must start with '/', got {self.root_path!r}")
+        self._check_tls()
         unknown = set(self.engine_kwargs) - set(ENGINE_OPTIONS)
         if unknown:
             raise ValueError(f"unknown engine options: {sorted(unknown)}")
+
+    def _check_tls(self) -> None:
+        """TLS settings that would otherwise fail late (in hypercorn, after the model started loading)
+        or quietly serve plain HTTP: files that are missing, a key or CA without a certificate."""
+        if self.ssl_cert_reqs not in (0, 1, 2):
+            raise ValueError(f"ssl_cert_reqs must be 0 (none), 1 (optional) or 2 (required), "
+                             f"got {self.ssl_cert_reqs!r}")
+        for name in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"{name}: no such file {path!r}")
+        if self.ssl_certfile is None:
+            needing = [name for name in ("ssl_keyfile", "ssl_ca_certs", "ssl_ciphers") if getattr(self, name)]
+            if self.ssl_cert_reqs:
+                needing.append("ssl_cert_reqs")
+            if needing:
+                raise ValueError(f"{', '.join(needing)} without ssl_certfile: TLS needs a certificate")
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "ServerConfig":
@@ -172,6 +225,9 @@ _FIELD_TYPES: dict[str, type] = {
     "shutdown_grace": float, "max_n": int, "log_requests": bool, "listen_backlog": int,
     "enable_request_id_headers": bool, "enable_force_include_usage": bool, "enable_tokenizer_info_endpoint": bool,
     "return_tokens_as_token_ids": bool, "chat_template": str,
+    "allowed_origins": string_list_json, "allow_credentials": bool, "allowed_methods": string_list_json,
+    "allowed_headers": string_list_json, "root_path": str, "ssl_keyfile": str, "ssl_certfile": str,
+    "ssl_ca_certs": str, "ssl_cert_reqs": int, "ssl_ciphers": str,
 }
 
 

@@ -60,6 +60,11 @@ PLACEHOLDER_TOKEN = -1  # a token id sampled on the device but not yet known on 
 _FIRST_FINISHED = RequestStatus.FINISHED_STOPPED  # statuses from here on are finished (RequestStatus.finished)
 
 
+def _needs_prompt_logits(request: Request) -> bool:
+    """Prompt logprobs asked and not all computed yet (they are once the first token is known)."""
+    return request.sampling_params.prompt_logprobs is not None and not request.output_token_ids
+
+
 class RequestTooLongError(ValueError):
     """A request can never run: it exceeds the context length or the whole KV cache."""
 
@@ -269,7 +274,7 @@ class Scheduler:
             if not self._swap_in(request, swap_in):
                 return None
         else:
-            num_cached = self.kv_cache.admit(request)
+            num_cached = self._admit_blocks(request)
             if num_cached is None:
                 return None
             request.num_computed_tokens = num_cached
@@ -280,6 +285,21 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         insert_ordered(self.running, request)
         return queries, hits
+
+    def _admit_blocks(self, request: Request) -> int | None:
+        """``kv_cache.admit``, except for a request whose prompt logprobs are not complete: it takes no
+        cached blocks (vLLM's rule too), since a position served from the cache has no logits. Its
+        own blocks are cached as usual for others. Once its first token is out, the prompt's rows are
+        all in, and a recompute after preemption may use the cache again."""
+        if not _needs_prompt_logits(request):
+            return self.kv_cache.admit(request)
+        kv = self.kv_cache
+        # KVCacheManager.admit matches no prefix without a prefix cache; nothing else in it reads the cache.
+        cache, kv.prefix_cache = kv.prefix_cache, None
+        try:
+            return kv.admit(request)
+        finally:
+            kv.prefix_cache = cache
 
     def _admit_outranking(self, swap_out: list[SwapOut], swap_in: list[SwapIn]) -> tuple[int, int]:
         """Admit waiting requests that outrank the last running one, preempting what they outrank.
@@ -319,7 +339,7 @@ class Scheduler:
         kv = self.kv_cache
         # kv.admit's own test, as if the victims' blocks and reservations were released. Hits on a
         # victim's blocks need no new block but stop being free ones: they count once, not twice.
-        hits = kv.match_prefix(request)
+        hits = [] if _needs_prompt_logits(request) else kv.match_prefix(request)  # as _admit_blocks
         need = cdiv(request.num_tokens, kv.block_size) - len(hits)
         released: Counter[int] = Counter()
         outstanding = 0
@@ -432,6 +452,8 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         prefilled_prompt_tokens = 0
         logprob_rows = runner_output.logprobs
+        if runner_output.prompt_logprobs:  # before the tokens: a prompt's last rows come with its first token
+            self._keep_prompt_logprobs(runner_output.prompt_logprobs)
         # Once per step, not per token: the loop runs for every sampling request.
         get_request = self.requests.get
         stop_status = self._stop_status
@@ -449,8 +471,10 @@ class Scheduler:
             output_ids = request.output_token_ids
             output_ids.append(token_id)
             num_output = len(output_ids)
+            prompt_rows = None
             if num_output == 1:  # its first token: the prompt is done (vLLM counts it now, once)
                 prefilled_prompt_tokens += len(request.prompt_token_ids)
+                prompt_rows, request.prompt_logprob_rows = request.prompt_logprob_rows, None
             finish_reason = None
             # The full stop test only where a stop is possible: a stop token, or the length limit.
             if num_output >= request.length_limit or token_id in request.stop_candidates:
@@ -465,9 +489,21 @@ class Scheduler:
             outputs.append(EngineCoreOutput(
                 request_id, [token_id], no_logprobs if logprobs is None else [logprobs], finish_reason,
                 request.stop_reason, len(request.prompt_token_ids), request.num_preemptions,
-                request.num_cached_tokens or 0))
+                request.num_cached_tokens or 0, prompt_rows))
         self.last_prefilled_prompt_tokens = prefilled_prompt_tokens
         return outputs
+
+    def _keep_prompt_logprobs(self, runs: list) -> None:
+        """Prompt logprob rows of a step, kept on their requests until the first token takes them out.
+        A request preempted meanwhile keeps them (the runner computes no position twice); an ended
+        one drops them."""
+        for rows in runs:
+            request = self.requests.get(rows.request_id)
+            if request is None or request.status.finished:
+                continue
+            if request.prompt_logprob_rows is None:
+                request.prompt_logprob_rows = []
+            request.prompt_logprob_rows.append(rows)
 
     def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params

@@ -88,6 +88,21 @@ class TokenLogprobs:
 
 
 @dataclass(slots=True)
+class PromptLogprobRows:
+    """Log-probabilities of a run of consecutive prompt tokens, each given the tokens before it (raw logits).
+
+    Row i scores prompt token ``first_position + i``, from the logits at the position before it. A
+    prompt's rows come in runs, one per prefill chunk that computed them, in prompt order."""
+
+    request_id: str
+    first_position: int  # the prompt index of the token row 0 scores (>= 1: the first token has no logprob)
+    token_logprobs: list[float]  # per row: the prompt token's logprob
+    token_ranks: list[int]  # per row: its rank, 1 = the most likely
+    top_token_ids: list[list[int]]  # per row: the top-N, most likely first
+    top_logprobs: list[list[float]]
+
+
+@dataclass(slots=True)
 class RunnerOutput:
     # One entry per scheduled request with ``samples`` set, in scheduling order.
     sampled_request_ids: list[str]
@@ -98,6 +113,8 @@ class RunnerOutput:
     accepted_token_ids: Optional[dict[int, list[int]]] = None
     # ... and their logprobs, aligned with them, for the rows whose request asked for logprobs.
     accepted_logprobs: Optional[dict[int, list[TokenLogprobs]]] = None
+    # Prompt logprobs computed by this step (requests with prompt_logprobs in prefill); None: none.
+    prompt_logprobs: Optional[list[PromptLogprobRows]] = None
 
     @property
     def num_tokens(self) -> int:
@@ -121,6 +138,8 @@ class EngineCoreOutput:
     num_prompt_tokens: int = 0
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (at its first admission)
+    # With its first token, for a request with prompt_logprobs: every row of its prompt, in order.
+    prompt_logprobs: Optional[list[PromptLogprobRows]] = None
 
     @property
     def finished(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from aioinfer.outputs import SampleLogprobs
+from aioinfer.outputs import PromptLogprobs, SampleLogprobs
 
 
 @dataclass(slots=True)
@@ -20,6 +20,7 @@ class GenerationDelta:
     num_output_tokens: int = 0  # total so far
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     prompt_token_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: Optional[PromptLogprobs] = None  # on the delta with the first token, when asked
 
     @property
     def finished(self) -> bool:
@@ -35,6 +36,8 @@ class GenerationDelta:
         self.stop_reason = later.stop_reason
         self.num_output_tokens = later.num_output_tokens
         self.num_cached_tokens = later.num_cached_tokens
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = later.prompt_logprobs
 
 
 class DeltaMerger:
@@ -42,10 +45,11 @@ class DeltaMerger:
     request's whole output, a slow consumer's overflow, a consumer's backlog. (``merge`` copies
     the lists and text on every call, quadratic over a long run.)"""
 
-    __slots__ = ("_first", "_last", "_token_ids", "_texts", "_logprobs")
+    __slots__ = ("_first", "_last", "_token_ids", "_texts", "_logprobs", "_prompt_logprobs")
 
     def __init__(self, first: GenerationDelta) -> None:
         self._first = self._last = first
+        self._prompt_logprobs = first.prompt_logprobs
         # Copies: a delta's lists may be the core's own (never extend them in place).
         self._token_ids = list(first.token_ids)
         self._texts = [first.text]
@@ -64,6 +68,8 @@ class DeltaMerger:
         self._token_ids += later.token_ids
         if later.text:
             self._texts.append(later.text)
+        if self._prompt_logprobs is None:
+            self._prompt_logprobs = later.prompt_logprobs
         if later.logprobs is not None:
             if self._logprobs is None:
                 self._logprobs = list(later.logprobs)
@@ -86,4 +92,5 @@ class DeltaMerger:
             num_output_tokens=last.num_output_tokens,
             num_cached_tokens=last.num_cached_tokens,
             prompt_token_ids=first.prompt_token_ids,
+            prompt_logprobs=self._prompt_logprobs,
         )

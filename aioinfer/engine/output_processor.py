@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from aioinfer.core.scheduler_output import EngineCoreOutput, TokenLogprobs
+from aioinfer.core.scheduler_output import EngineCoreOutput, PromptLogprobRows, TokenLogprobs
 from aioinfer.engine.delta import GenerationDelta
-from aioinfer.outputs import CompletionOutput, Logprob, SampleLogprobs
+from aioinfer.outputs import CompletionOutput, Logprob, PromptLogprobs, SampleLogprobs
 from aioinfer.sampling_params import SamplingParams
 from aioinfer.text.detokenizer import byte_level_table, fast_backend
 from aioinfer.text.text_accumulator import TextAccumulator
@@ -31,12 +31,15 @@ class _State:
     finish_reason: Optional[str] = None
     stop_reason: object = None
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served (known from the first step on)
+    awaiting_prompt_logprobs: bool = False  # prompt_logprobs asked: they come with the first token
+    prompt_logprobs: Optional[PromptLogprobs] = None
 
 
 class OutputProcessor:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self._states: dict[str, _State] = {}
+        self._token_texts: dict[int, str] = {}  # token id -> its text alone (logprobs' decoded_token)
         backend = None if tokenizer is None else fast_backend(tokenizer)
         if backend is not None:
             byte_level_table(backend, skip_special_tokens=True)  # now, not on the first request's path
@@ -51,6 +54,7 @@ class OutputProcessor:
             num_prompt_tokens=len(prompt_token_ids),
             logprobs=[] if params.logprobs is not None else None,
             cumulative_logprob=0.0 if params.logprobs is not None else None,
+            awaiting_prompt_logprobs=params.prompt_logprobs is not None,
         )
 
     def has(self, request_id: str) -> bool:
@@ -66,6 +70,10 @@ class OutputProcessor:
                 continue  # steps already in flight after a stop string: drop their tokens
             state.token_ids.extend(out.new_token_ids)
             state.num_cached_tokens = out.num_cached_tokens
+            prompt_logprobs = None
+            if state.awaiting_prompt_logprobs:  # its first output: the prompt's rows are all in it
+                state.awaiting_prompt_logprobs = False
+                prompt_logprobs = state.prompt_logprobs = self._prompt_logprobs(state, out.prompt_logprobs)
             new_logprobs = (None if state.logprobs is None
                             else self._logprobs(state, out.new_token_ids, out.new_logprobs))
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
@@ -86,7 +94,7 @@ class OutputProcessor:
             deltas.append(GenerationDelta(
                 out.request_id, out.new_token_ids, new_text, new_logprobs, finish_reason, stop_reason,
                 state.num_prompt_tokens, len(state.token_ids), state.num_cached_tokens,
-                state.prompt_token_ids,
+                state.prompt_token_ids, prompt_logprobs,
             ))
         return deltas, stopped_by_string
 
@@ -111,6 +119,7 @@ class OutputProcessor:
             logprobs=state.logprobs,
             finish_reason=state.finish_reason,
             stop_reason=state.stop_reason,
+            _prompt_logprobs=state.prompt_logprobs,
         )
 
     def num_cached_tokens(self, request_id: str) -> int:
@@ -124,14 +133,39 @@ class OutputProcessor:
             return None
         new: SampleLogprobs = []
         for token_id, row in zip(token_ids, rows):
-            entry = {tid: Logprob(lp, rank) for rank, (tid, lp) in
-                     enumerate(zip(row.top_token_ids, row.top_logprobs), start=1)}
-            entry[token_id] = Logprob(row.sampled_logprob, row.sampled_rank)
-            if self.tokenizer is not None:
-                ids = list(entry)
-                for tid, text in zip(ids, self.tokenizer.batch_decode([[t] for t in ids])):
-                    entry[tid].decoded_token = text
+            new.append(self._entry(token_id, row.sampled_logprob, row.sampled_rank, row.top_token_ids,
+                                   row.top_logprobs))
             state.cumulative_logprob += row.sampled_logprob
-            new.append(entry)
         state.logprobs.extend(new)
         return new
+
+    def _prompt_logprobs(self, state: _State, runs: Optional[list[PromptLogprobRows]]) -> PromptLogprobs:
+        """vLLM's list: None for the first prompt token, then each token's entry, in prompt order."""
+        prompt = state.prompt_token_ids
+        entries: PromptLogprobs = [None]
+        for rows in runs or ():
+            assert rows.first_position == len(entries), "prompt logprob rows out of order or missing"
+            for i, (logprob, rank) in enumerate(zip(rows.token_logprobs, rows.token_ranks)):
+                entries.append(self._entry(prompt[len(entries)], logprob, rank, rows.top_token_ids[i],
+                                           rows.top_logprobs[i]))
+        assert len(entries) == len(prompt), f"{len(entries)} prompt logprob entries for {len(prompt)} tokens"
+        return entries
+
+    def _entry(self, token_id: int, logprob: float, rank: int, top_ids: list[int],
+               top_logprobs: list[float]) -> dict[int, Logprob]:
+        """One position's dict: the top-N by rank, and the token taken there (sampled or the prompt's)."""
+        entry = {tid: Logprob(lp, r) for r, (tid, lp) in enumerate(zip(top_ids, top_logprobs), start=1)}
+        entry[token_id] = Logprob(logprob, rank)
+        if self.tokenizer is not None:
+            for tid, text in zip(entry, self._texts(list(entry))):
+                entry[tid].decoded_token = text
+        return entry
+
+    def _texts(self, token_ids: list[int]) -> list[str]:
+        """Each token's text alone, decoded once per id: a whole-vocabulary entry (-1) would otherwise
+        decode every id of the vocabulary again at every position."""
+        cache = self._token_texts
+        missing = [t for t in dict.fromkeys(token_ids) if t not in cache]
+        if missing:
+            cache.update(zip(missing, self.tokenizer.batch_decode([[t] for t in missing])))
+        return [cache[t] for t in token_ids]

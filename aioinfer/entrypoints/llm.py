@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Optional, Sequence, Union
+import time
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from aioinfer.config import EngineConfig
 from aioinfer.engine.engine_core import EngineCore
@@ -14,6 +15,9 @@ from aioinfer.entrypoints.chat_tools import render_with_tools
 from aioinfer.outputs import RequestOutput
 from aioinfer.request import RequestStatus
 from aioinfer.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # prometheus_client is the serve extra's: imported only when metrics are read
+    from aioinfer.metrics_reader import Metric
 
 _GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
@@ -38,6 +42,7 @@ class LLM:
         self.inputs = InputProcessor(loaded.tokenizer, loaded.arch.vocab_size, loaded.max_model_len,
                                      loaded.eos_token_ids, seed=self.config.model.seed)
         self._ids = itertools.count()
+        self._metrics = _offline_metrics(self.config.model.model)  # None without prometheus_client
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes, if any (a no-op otherwise). Idempotent;
@@ -49,6 +54,18 @@ class LLM:
 
     def __exit__(self, *exc_info) -> None:
         self.shutdown()
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's offline metrics: one ``aioinfer.metrics_reader`` Counter, Gauge, Histogram or Vector per
+        series of every ``vllm:`` family (tokens, requests by finish reason, TTFT, inter-token and
+        end-to-end latency, running / waiting requests, KV-cache usage, ...) over every ``generate``
+        and ``chat`` call of this LLM so far, as the server's ``/metrics`` would show them.
+
+        Recorded always (vLLM records them only with ``disable_log_stats=False``); needs
+        prometheus_client (the ``serve`` extra)."""
+        if self._metrics is None:
+            raise RuntimeError("LLM.get_metrics() needs prometheus_client: pip install 'aioinfer[serve]'")
+        return self._metrics.read()
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -132,9 +149,13 @@ class LLM:
         return outputs
 
     def _run(self, prepared, use_tqdm: bool, priority: Optional[Sequence[int]]) -> list[RequestOutput]:
-        core, processor = self.engine, OutputProcessor(self.tokenizer)
+        core, processor, metrics = self.engine, OutputProcessor(self.tokenizer), self._metrics
         groups: list[tuple[str, Optional[str], list[int], list[str]]] = []
         requests = {}  # child id -> its Request (speculative decoding: its draft counts at the end)
+        # Every constrained request's matcher, built side by side before any request is queued.
+        matchers = iter(self.inputs.compile_ahead([params.structured_outputs for _, _, params, _ in prepared
+                                                   if params.structured_outputs is not None
+                                                   for _ in range(params.n)]))
         try:
             for i, (text, ids, params, salt) in enumerate(prepared):
                 parent_id = str(next(self._ids))
@@ -145,9 +166,12 @@ class LLM:
                     if params.seed is not None:
                         child_params.seed = params.seed + index  # distinct, reproducible samples
                     child_id = parent_id if params.n == 1 else f"{parent_id}-{index}"
-                    request = self.inputs.make_request(child_id, ids, child_params,
-                                                       priority=priority[i] if priority else 0, cache_salt=salt)
+                    request = self.inputs.make_request(
+                        child_id, ids, child_params, priority=priority[i] if priority else 0, cache_salt=salt,
+                        grammar=next(matchers) if child_params.structured_outputs is not None else None)
                     core.add_request(request)
+                    if metrics is not None:
+                        metrics.add_request(child_id, len(ids), time.monotonic())
                     requests[child_id] = request
                     processor.add_request(child_id, text, ids, child_params)
                     child_ids.append(child_id)
@@ -157,9 +181,13 @@ class LLM:
             remaining = {child: parent for parent, _, _, children in groups for child in children}
             open_children = {parent: len(children) for parent, _, _, children in groups}
             while core.has_unfinished():
-                deltas, stopped = processor.process(core.step())
+                step_start = time.monotonic()
+                scheduler_output, runner_output, core_outputs = core.step_with_details()
+                deltas, stopped = processor.process(core_outputs)
                 if stopped:
                     core.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+                if metrics is not None:
+                    metrics.record_step(core, scheduler_output, runner_output, core_outputs, deltas, step_start)
                 for delta in deltas:
                     if delta.finish_reason is not None and delta.request_id in remaining:
                         parent = remaining.pop(delta.request_id)
@@ -171,6 +199,8 @@ class LLM:
         except BaseException:
             # Nothing may stay queued or hold KV blocks after a failure or Ctrl-C.
             core.finish_requests([c for _, _, _, children in groups for c in children])
+            if metrics is not None:
+                metrics.abandon()
             try:
                 core.drain()
             except Exception:  # noqa: BLE001 - the original error is the one to report
@@ -190,6 +220,16 @@ class LLM:
                                          num_cached_tokens=max(processor.num_cached_tokens(c) for c in children),
                                          metrics=metrics))
         return results
+
+
+def _offline_metrics(model: str):
+    from importlib.util import find_spec
+
+    if find_spec("prometheus_client") is None:  # the serve extra's: the offline engine runs without it
+        return None
+    from aioinfer.entrypoints.llm_metrics import OfflineMetrics
+
+    return OfflineMetrics(model)
 
 
 def _text_messages(conversation: list[dict]) -> list[dict]:

@@ -20,11 +20,21 @@ import errno
 import logging
 import signal
 import socket
+import ssl
 import sys
 from typing import Any, NoReturn, Optional
 
 from aioinfer.config import DTYPES, LOAD_FORMATS, PREEMPTION_MODES, is_valid_device
-from aioinfer.server_config import ENGINE_OPTIONS, LOG_FORMAT, ServerConfig, speculative_config_json
+from aioinfer.server_config import (ENGINE_OPTIONS, LOG_FORMAT, ServerConfig, speculative_config_json,
+                                    string_list_json)
+
+
+def _string_list(value: str) -> tuple[str, ...]:
+    try:
+        return string_list_json(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
 
 # flag -> (ServerConfig field or engine option, type, help)
 _SERVER_FLAGS: dict[str, tuple[str, Any, str]] = {
@@ -36,6 +46,21 @@ _SERVER_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--listen-backlog": ("listen_backlog", int, "connections queued for accept (0: hypercorn's 100; default 2048)"),
     "--chat-template": ("chat_template", str, "a Jinja file, or the template itself, instead of the tokenizer's "
                                               "(default: the tokenizer's)"),
+    # CORS, as vLLM's (JSON lists): what pages of other origins may send (entrypoints/openai/cors.py)
+    "--allowed-origins": ("allowed_origins", _string_list, "origins whose pages may call the API, a JSON list; "
+                                                           "\"*\": any, []: CORS off (default: [\"*\"])"),
+    "--allowed-methods": ("allowed_methods", _string_list, "methods a preflight may ask for, a JSON list "
+                                                           "(default: [\"*\"], every method)"),
+    "--allowed-headers": ("allowed_headers", _string_list, "request headers a preflight may ask for, a JSON "
+                                                           "list (default: [\"*\"], any)"),
+    "--root-path": ("root_path", str, "the path prefix a proxy serves the API under (/llm); requests may carry "
+                                      "it or not (default: none)"),
+    "--ssl-certfile": ("ssl_certfile", str, "PEM certificate chain: serve HTTPS (default: plain HTTP)"),
+    "--ssl-keyfile": ("ssl_keyfile", str, "PEM private key of --ssl-certfile (default: in the certificate file)"),
+    "--ssl-ca-certs": ("ssl_ca_certs", str, "PEM CA certificates that client certificates are checked against"),
+    "--ssl-cert-reqs": ("ssl_cert_reqs", int, "client certificates: 0 not asked, 1 optional, 2 required "
+                                              "(Python's ssl.CERT_*; default: 0)"),
+    "--ssl-ciphers": ("ssl_ciphers", str, "OpenSSL cipher list for TLS 1.2 and below (default: hypercorn's)"),
 }
 # switch -> (ServerConfig field, help): --x / --no-x
 _SERVER_SWITCHES: dict[str, tuple[str, str]] = {
@@ -47,6 +72,8 @@ _SERVER_SWITCHES: dict[str, tuple[str, str]] = {
                                          "serve GET /tokenizer_info (the tokenizer's config and chat template)"),
     "--return-tokens-as-token-ids": ("return_tokens_as_token_ids",
                                      "logprobs name every token 'token_id:<id>' (a request's own field wins)"),
+    "--allow-credentials": ("allow_credentials", "CORS: pages of allowed origins may send cookies and "
+                                                 "Authorization (their origin is echoed instead of \"*\")"),
 }
 _ENGINE_HELP = {
     "max_model_len": "context length (default: the model's)",
@@ -225,6 +252,7 @@ def run_serve(args: argparse.Namespace) -> None:
     try:
         config = config_from_args(args)  # malformed AIOINFER_* variables
         _check_engine_arguments(config)  # values argparse cannot check: the engine's own validation
+        _check_tls(config)
     except ValueError as exc:
         _fail(str(exc), status=2)
     try:
@@ -255,6 +283,34 @@ def _check_engine_arguments(config: ServerConfig) -> None:
     engine = create_engine(**config.engine_arguments())
     if engine.config.device != "auto":
         resolve_device(engine.config.device)
+
+
+def _check_tls(config: ServerConfig) -> None:
+    """Load the certificate and key as hypercorn will: a malformed PEM or a key that does not match
+    the certificate is a one-line error now, not a traceback once the model is loading."""
+    if config.ssl_certfile is None:
+        return
+    from hypercorn.config import Config
+
+    try:
+        _apply_tls(Config(), config).create_ssl_context()
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(f"TLS: cannot use --ssl-certfile {config.ssl_certfile!r} / --ssl-keyfile "
+                         f"{config.ssl_keyfile!r}: {exc}") from None
+
+
+def _apply_tls(hconfig, config: ServerConfig):
+    """vLLM's --ssl-* options as hypercorn's settings (hypercorn serves HTTPS once it has both a
+    certificate and a key; a key inside the certificate file is read from there, as uvicorn does)."""
+    if config.ssl_certfile is None:
+        return hconfig
+    hconfig.certfile = config.ssl_certfile
+    hconfig.keyfile = config.ssl_keyfile or config.ssl_certfile
+    hconfig.ca_certs = config.ssl_ca_certs
+    hconfig.verify_mode = ssl.VerifyMode(config.ssl_cert_reqs)
+    if config.ssl_ciphers:
+        hconfig.ciphers = config.ssl_ciphers
+    return hconfig
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -313,6 +369,8 @@ async def serve(config: ServerConfig, host: str, port: int) -> None:
     if config.listen_backlog:
         hconfig.backlog = config.listen_backlog  # under plain hypercorn the app raises it (listen_backlog.py)
     hconfig.errorlog = logging.getLogger("hypercorn.error")
+    hconfig.root_path = config.root_path or ""  # the app accepts paths without it too (root_path.py)
+    _apply_tls(hconfig, config)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -352,6 +410,4 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     main(sys.argv[1:])

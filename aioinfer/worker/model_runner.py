@@ -17,10 +17,12 @@ from aioinfer.attention.context import forward_context
 from aioinfer.config import EngineConfig
 from aioinfer.core.scheduler_output import RunnerOutput, SchedulerOutput, TokenLogprobs
 from aioinfer.core.kv_cache_manager import cdiv
+from aioinfer.sampling_params import MAX_LOGPROBS, num_logprobs
 from aioinfer.worker.cuda_graphs import CudaGraphRunner, graph_buckets, token_buckets
-from aioinfer.worker.grammar_mask import GrammarMasks, PendingMask, StepMask
+from aioinfer.worker.grammar_mask import GrammarMasks, PendingMask, StepMask, live_tokens
 from aioinfer.worker.input_buffers import InputBuffers, StepInputs
 from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches, choose_num_blocks
+from aioinfer.worker.prompt_logprobs import PendingPromptLogprobs, PromptLogprobs
 from aioinfer.worker.sampler import Sampler, SamplerOutput
 from aioinfer.worker.sampling_metadata import SamplingMetadata, SamplingRow
 from aioinfer.worker.swap import KVSwapper, num_host_blocks_for
@@ -92,6 +94,7 @@ class ModelRunner:
         # What the runner remembers of each request between steps: its sampling row itself, kept and
         # updated in place (output tokens, pending count) rather than rebuilt for every step.
         self._states: dict[str, SamplingRow] = {}
+        self.prompt_logprobs = PromptLogprobs(self.vocab_size, device)  # requests still scoring their prompt
         self._last_sampled: tuple[Optional[torch.Tensor], dict[str, int]] = (None, {})
 
     def _decode_splits(self, bucket: int) -> Optional[int]:
@@ -133,6 +136,8 @@ class ModelRunner:
             if state is not None and state.grammar is not None:
                 self._num_grammars -= 1
         self.inputs.forget(scheduler_output.finished_request_ids)
+        if self.prompt_logprobs:
+            self.prompt_logprobs.forget(scheduler_output.finished_request_ids)
         for new in scheduler_output.new_requests:
             self._states[new.request_id] = SamplingRow(
                 params=new.sampling_params,
@@ -144,6 +149,8 @@ class ModelRunner:
             )
             if new.grammar is not None:
                 self._num_grammars += 1
+            if new.sampling_params.prompt_logprobs is not None:
+                self.prompt_logprobs.add(new)
         self._run_swaps(scheduler_output)
         if scheduler_output.is_empty:
             return _Prepared(None)
@@ -157,7 +164,9 @@ class ModelRunner:
             bucket = next((b for b in self._token_buckets if b >= inputs.attention.num_tokens), None)
             if bucket is not None:
                 inputs.attention.prefill_num_splits = self._prefill_splits(bucket)
-        return _Prepared(inputs)
+        prompt_runs = (self.prompt_logprobs.plan(scheduler_output.scheduled, inputs.attention.query_start_loc_cpu)
+                       if self.prompt_logprobs else None)
+        return _Prepared(inputs, prompt_runs or None)
 
     @torch.inference_mode()
     def run(self, prepared: "_Prepared", defer_masks: bool = False) -> "_Launched":
@@ -172,8 +181,12 @@ class ModelRunner:
         else:
             with forward_context(inputs.attention):
                 hidden = self.model(inputs.input_ids, inputs.positions)
+        # Prompt logprobs: their slices go first, while ``hidden`` is this step's (a graph's is overwritten
+        # by the next replay); the sampling below queues behind them.
+        prompt_pending = (self.prompt_logprobs.compute(self.model, hidden, prepared.prompt_runs)
+                          if prepared.prompt_runs else None)
         if not inputs.sampled_request_ids:
-            return _Launched(None, None, [], [])
+            return _Launched(None, None, [], [], prompt_logprobs=prompt_pending)
         if logits is None:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
         elif len(inputs.sampled_request_ids) != inputs.attention.num_tokens:  # a 1-token prompt chunk is not sampled
@@ -182,7 +195,7 @@ class ModelRunner:
         # build reads the rows now and keeps nothing of them, so the live states serve as this step's rows.
         states = [self._states[request_id] for request_id in inputs.sampled_request_ids]
         drafts = inputs.draft_token_ids
-        launched = _Launched(None, None, inputs.sampled_request_ids, states, drafts)
+        launched = _Launched(None, None, inputs.sampled_request_ids, states, drafts, prompt_logprobs=prompt_pending)
         if (defer_masks and self._num_grammars and drafts is None
                 and any(state.grammar is not None for state in states)):
             # Scheduled ahead: the masks need the previous step's tokens, which the engine collects
@@ -240,29 +253,35 @@ class ModelRunner:
         ``masks_of``: the step launched after it with ``defer_masks``: once the matchers have taken
         these tokens, a worker thread fills that step's masks (``finish`` waits for them)."""
         assert launched.logits is None, "a step launched with deferred masks is collected after finish"
+        prompt_rows = (None if launched.prompt_logprobs is None
+                       else self.prompt_logprobs.collect(launched.prompt_logprobs))
         if launched.result is None:
-            return RunnerOutput(sampled_request_ids=[], sampled_token_ids=[])
+            return RunnerOutput(sampled_request_ids=[], sampled_token_ids=[], prompt_logprobs=prompt_rows)
         if launched.ready is not None:
             # Wait for this step's copy only: a .tolist() on the device tensor would also wait for
             # the step launched after it, which is exactly the overlap async scheduling is for.
             launched.ready.synchronize()
         token_ids: list[int] = launched.result.sampled_token_ids.tolist()
         if launched.drafts is not None:
-            return _verify(launched, token_ids)
+            verified = _verify(launched, token_ids)
+            verified.prompt_logprobs = prompt_rows
+            return verified
+        live = live_tokens(launched.states, token_ids, launched.grammar_states) if launched.grammar_states else ()
+        if masks_of is not None and masks_of.pending_mask is not None and masks_of.pending_mask.future is None:
+            # The matchers take these tokens, then the step ahead's masks (which follow them) are
+            # computed, both in the worker while the engine goes on (finish waits for them); started
+            # first, since the masks are what the next sampling waits for.
+            self.grammar_masks.start(masks_of.pending_mask, live)
+        elif live:
+            self.grammar_masks.advance(live)
         for state, token_id in zip(launched.states, token_ids):
             state.output_token_ids.append(token_id)
             state.num_pending_tokens -= 1
-        advances = [(launched.states[i], token_ids[i]) for i in launched.grammar_states]
-        if masks_of is not None and masks_of.pending_mask is not None and masks_of.pending_mask.future is None:
-            # The matchers take these tokens, then the step ahead's masks (which follow them) are
-            # computed, both in the worker while the engine goes on (finish waits for them).
-            self.grammar_masks.start(masks_of.pending_mask, advances)
-        elif advances:
-            self.grammar_masks.advance(advances)
         return RunnerOutput(
             sampled_request_ids=launched.request_ids,
             sampled_token_ids=token_ids,
             logprobs=_logprob_rows(launched.result, launched.states),
+            prompt_logprobs=prompt_rows,
         )
 
     def _run_swaps(self, scheduler_output: SchedulerOutput) -> None:
@@ -310,6 +329,7 @@ class _Launched:
     logits: Optional[torch.Tensor] = None  # launched with deferred masks: not sampled yet (``finish``)
     pending_mask: Optional["PendingMask"] = None  # its masks, planned; filling from ``collect(..., masks_of=)``
     metadata: Optional[SamplingMetadata] = None  # its sampling tensors, built at launch
+    prompt_logprobs: Optional[PendingPromptLogprobs] = None  # its prompt-logprob rows, copying to the host
 
 
 @dataclass(slots=True)
@@ -317,6 +337,7 @@ class _Prepared:
     """A step's inputs, copied (or queued to be) but its forward not yet enqueued (``run``); None: nothing to run."""
 
     inputs: Optional[StepInputs]
+    prompt_runs: Optional[list] = None  # prompt-logprob rows to compute after the forward (prompt_logprobs.py)
 
 
 def _verification_rows(states: list[SamplingRow], drafts: list[list[int]]) -> tuple[list[SamplingRow], list[int]]:
@@ -416,14 +437,25 @@ def _logprob_rows(result, states: list[SamplingRow]) -> list[Optional[TokenLogpr
         return []
     sampled = result.sampled_logprobs.tolist()
     ranks = result.sampled_ranks.tolist()
-    top_ids = result.top_token_ids.tolist()
-    top_lps = result.top_logprobs.tolist()
+    num_top = result.top_token_ids.shape[1]
+    if num_top > MAX_LOGPROBS:
+        # A row asked for the whole vocabulary (-1): the step's top-K is the vocabulary for every row;
+        # only the rows that asked are converted, each to what it asked (not batch x vocabulary lists).
+        top_ids = top_lps = None
+    else:
+        top_ids = result.top_token_ids.tolist()
+        top_lps = result.top_logprobs.tolist()
     rows: list[Optional[TokenLogprobs]] = []
     for i, state in enumerate(states):
         wanted = state.params.logprobs
         if wanted is None:
             rows.append(None)
             continue
+        wanted = num_logprobs(wanted, num_top)
+        if top_ids is None:
+            row_ids, row_lps = result.top_token_ids[i, :wanted].tolist(), result.top_logprobs[i, :wanted].tolist()
+        else:
+            row_ids, row_lps = top_ids[i][:wanted], top_lps[i][:wanted]
         rows.append(TokenLogprobs(sampled_logprob=sampled[i], sampled_rank=ranks[i],
-                                  top_token_ids=top_ids[i][:wanted], top_logprobs=top_lps[i][:wanted]))
+                                  top_token_ids=row_ids, top_logprobs=row_lps))
     return rows

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from aioinfer.sampling_params import SamplingParams
+from aioinfer.sampling_params import SamplingParams, num_logprobs
 from aioinfer.worker.penalties import PenaltyTensors
 from aioinfer.worker.seeded_noise import noise_key, noise_keys
 
@@ -107,7 +107,7 @@ class SamplingMetadata:
                     stops.update(row.eos_token_ids)
                 masked.extend(base + t for t in sorted(stops) if t < vocab)
 
-        max_logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        max_logprobs = [num_logprobs(p.logprobs, vocab) for p in params if p.logprobs is not None]
         return cls(
             num_rows=n,
             vocab_size=vocab,

@@ -20,12 +20,15 @@ from werkzeug.exceptions import HTTPException
 from aioinfer.version import __version__
 from aioinfer.entrypoints.openai.body_limit import BODY_ERROR, TOO_LARGE, BodyLimit
 from aioinfer.entrypoints.openai.content_type import require_json
+from aioinfer.entrypoints.openai.cors import CORSPolicy, install_cors
 from aioinfer.entrypoints.openai.errors import APIError, request_timeout, request_too_large, unauthorized
 from aioinfer.entrypoints.openai.listen_backlog import raise_backlog_once_listening
+from aioinfer.entrypoints.openai.root_path import RootPath
 from aioinfer.entrypoints.openai.server_state import ServerState
 from aioinfer.entrypoints.openai.shutdown import EndOpenResponses
 from aioinfer.entrypoints.openai.serving_chat import create_chat_completion
 from aioinfer.entrypoints.openai.serving_completions import create_completion
+from aioinfer.entrypoints.openai.serving_responses import create_response
 from aioinfer.entrypoints.openai.serving_tokens import detokenize, tokenize, tokenizer_info
 from aioinfer.entrypoints.openai.sse import json_response
 from aioinfer.metrics import CONTENT_TYPE
@@ -52,6 +55,7 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
     state = ServerState(config, engine_factory)
     # Requests still open when the server's graceful timeout ends end well, not cut (shutdown.py).
     app.asgi_app = EndOpenResponses(app.asgi_app, state.responses)  # type: ignore[method-assign]
+    app.asgi_app = RootPath(app.asgi_app, config.root_path)  # with or without the proxy's prefix (root_path.py)
     app.extensions[STATE_KEY] = state
     started = int(time.time())
     expected_auth = f"Bearer {config.api_key}".encode() if config.api_key else None
@@ -77,6 +81,8 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
             raise request_too_large(config.max_body_bytes)
         if error is not None:
             raise request_timeout(app.config["BODY_TIMEOUT"])
+
+    install_cors(app, CORSPolicy.from_config(config))  # here: preflights are answered before the API-key check
 
     @app.before_request
     async def _authenticate():
@@ -136,6 +142,11 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
     async def chat_completions():
         body = await json_body()
         return await create_chat_completion(state, body, request.headers.get("X-Request-Id"))
+
+    @app.post("/v1/responses")
+    async def responses():
+        body = await json_body()
+        return await create_response(state, body, request.headers.get("X-Request-Id"))
 
     @app.get("/v1/models")
     async def models():

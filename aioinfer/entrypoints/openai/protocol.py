@@ -21,7 +21,7 @@ from aioinfer.entrypoints.chat_content import check_part, content_text
 from aioinfer.entrypoints.openai.structured import StructuredFields
 from aioinfer.entrypoints.openai.tool_calls import ToolCall, ToolFields
 
-_LOGPROBS_MAX = 20
+_LOGPROBS_MAX = 20  # SamplingParams' cap; -1 (the whole vocabulary) where vLLM takes it too
 
 
 class _Strict(BaseModel):
@@ -30,7 +30,6 @@ class _Strict(BaseModel):
 
 # Known fields (vLLM's or OpenAI's) that would change the output if honoured: refused, not ignored.
 NOT_SUPPORTED_YET = frozenset({
-    "prompt_logprobs", "return_token_ids",
     "truncate_prompt_tokens", "bad_words", "allowed_token_ids", "prediction", "audio", "modalities",
     "chat_template", "documents", "mm_processor_kwargs", "logits_processors",
     "vllm_xargs", "functions", "function_call", "kv_transfer_params",
@@ -82,6 +81,11 @@ class _SamplingFields(_Strict, StructuredFields):
     # vLLM: logprobs name every token "token_id:<id>" (text that is not valid UTF-8 alone stays exact);
     # None: the server's --return-tokens-as-token-ids
     return_tokens_as_token_ids: Optional[bool] = None
+    # vLLM: top-N logprobs of every prompt token (given the tokens before it); -1: the whole vocabulary
+    prompt_logprobs: Optional[int] = Field(default=None, ge=-1, le=_LOGPROBS_MAX)
+    # vLLM: the generated token ids on each choice, and the prompt's (completions: on the choice; chat:
+    # on the response); streams: each chunk's new ids, the prompt's on the first chunk
+    return_token_ids: Optional[bool] = None
 
     @field_validator("stop")
     @classmethod
@@ -140,6 +144,12 @@ def _text_only(part: Any) -> Any:
     return part
 
 
+def _json_bool_string(value: Any) -> Any:
+    """"true" / "false" for chat ``logprobs``: vLLM's lax parsing takes them, and its own test of
+    ``top_logprobs: -1`` sends ``"logprobs": "true"``. Only these two strings; the rest stays strict."""
+    return {"true": True, "false": False}.get(value, value) if isinstance(value, str) else value
+
+
 class ChatMessage(_Strict):
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)  # see ignored_fields
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -166,8 +176,8 @@ class ChatCompletionRequest(_SamplingFields, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[int] = Field(default=None, ge=1)  # deprecated alias of max_completion_tokens
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)  # None: the rest of the context
-    logprobs: bool = False
-    top_logprobs: Optional[int] = Field(default=None, ge=0, le=_LOGPROBS_MAX)
+    logprobs: Annotated[bool, BeforeValidator(_json_bool_string)] = False
+    top_logprobs: Optional[int] = Field(default=None, ge=-1, le=_LOGPROBS_MAX)  # -1: the whole vocabulary (vLLM)
     add_generation_prompt: bool = True
     # vLLM: the last (assistant) message left open, so the reply continues it
     continue_final_message: bool = False

@@ -20,10 +20,13 @@ def completion_params(req: CompletionRequest, model_defaults: Optional[Mapping[s
     if req.best_of is not None and req.best_of not in (1, req.n):
         raise bad_request("best_of must be 1 or equal to n (no server-side ranking)", param="best_of",
                           code="unsupported_parameter")
-    if req.echo and req.logprobs is not None:
-        raise bad_request("echo with logprobs needs prompt logprobs, which are not supported",
-                          param="echo", code="unsupported_parameter")
-    return _build(req, model_defaults, max_tokens=req.max_tokens, logprobs=req.logprobs)
+    # echo with logprobs: the echoed prompt's tokens get logprobs too, as the legacy OpenAI API gave
+    # them (vLLM: prompt_logprobs default to logprobs then).
+    prompt_logprobs = req.prompt_logprobs
+    if prompt_logprobs is None and req.echo:
+        prompt_logprobs = req.logprobs
+    return _build(req, model_defaults, max_tokens=req.max_tokens, logprobs=req.logprobs,
+                  prompt_logprobs=prompt_logprobs)
 
 
 def chat_params(req: ChatCompletionRequest, model_defaults: Optional[Mapping[str, Any]] = None,
@@ -36,14 +39,19 @@ def chat_params(req: ChatCompletionRequest, model_defaults: Optional[Mapping[str
         raise bad_request("max_tokens and max_completion_tokens disagree; send one", param="max_tokens")
     # None: up to the end of the context (vLLM's chat default), decided by the engine.
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return _build(req, model_defaults, max_tokens=max_tokens, logprobs=logprobs, constraint=tool_constraint)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None  # top_logprobs -1: the whole vocabulary
+    return _build(req, model_defaults, max_tokens=max_tokens, logprobs=logprobs, constraint=tool_constraint,
+                  prompt_logprobs=req.prompt_logprobs)
 
 
 def _build(req: _SamplingFields, model_defaults: Optional[Mapping[str, Any]], *, max_tokens: Optional[int],
-           logprobs: Optional[int], constraint=None) -> SamplingParams:
+           logprobs: Optional[int], constraint=None, prompt_logprobs: Optional[int] = None) -> SamplingParams:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
+    if req.stream and req.prompt_logprobs is not None and req.prompt_logprobs != 0:
+        # vLLM's rule, 0 passing as there (a stream has no field for them: completions' echo + logprobs
+        # is how a stream gets the prompt's logprobs).
+        raise bad_request("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
     defaults = dict(model_defaults or {})
     kwargs: dict[str, Any] = {}
     for key in _MODEL_DEFAULT_KEYS:
@@ -67,6 +75,7 @@ def _build(req: _SamplingFields, model_defaults: Optional[Mapping[str, Any]], *,
         max_tokens=max_tokens,
         min_tokens=req.min_tokens,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,

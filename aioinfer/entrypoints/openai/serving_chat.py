@@ -9,7 +9,7 @@ from quart import Response
 
 from aioinfer.entrypoints.openai.errors import bad_request, from_engine_error
 from aioinfer.entrypoints.openai.fanout import ChoiceSpec, ChoiceStreams
-from aioinfer.entrypoints.openai.logprobs import chat_logprobs
+from aioinfer.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs_json
 from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from aioinfer.entrypoints.openai.sampling import chat_params, choice_params
 from aioinfer.entrypoints.openai.server_state import ServerState
@@ -47,7 +47,7 @@ async def create_chat_completion(state: ServerState, body: bytes, client_id: Opt
     request_id = new_request_id("chatcmpl", client_id)
     specs = [ChoiceSpec(index=i, prompt_index=0, prompt=prompt_ids, params=choice_params(base, i))
              for i in range(req.n)]
-    job = _Job(req, request_id, state.served_model_name, specs, len(prompt_ids), plan,
+    job = _Job(req, request_id, state.served_model_name, specs, prompt_ids, plan,
                force_usage=state.config.enable_force_include_usage,
                tokens_as_ids=tokens_as_ids(req, state))
     return await admit_and_respond(engine, specs, request_id, req, job)
@@ -77,15 +77,18 @@ def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prom
 
 class _Job:
     def __init__(self, req: ChatCompletionRequest, request_id: str, model: str, specs: list[ChoiceSpec],
-                 prompt_length: int, plan: Optional[ToolPlan] = None, force_usage: bool = False,
+                 prompt_ids: list[int], plan: Optional[ToolPlan] = None, force_usage: bool = False,
                  tokens_as_ids: bool = False) -> None:
         self.req, self.id, self.model, self.created = req, request_id, model, now()
         self.plan = plan if plan is not None and plan.parses else None  # None: the text is the answer
-        self.prompt_length = prompt_length
+        self.prompt_ids = prompt_ids
+        self.prompt_length = len(prompt_ids)
+        self.return_token_ids = bool(req.return_token_ids)  # vLLM's: ids on the choices and the response
+        self.prompt_logprobs = None  # the prompt's logprobs (engine entries), from the first choice with them
         self.force_usage = force_usage  # --enable-force-include-usage
         self.tokens_as_ids = tokens_as_ids  # return_tokens_as_token_ids
         self.echo = req.echoed_text()
-        self.top_n = req.top_logprobs or 0
+        self.top_n = req.top_logprobs or 0  # -1: the whole vocabulary
         self.results = {s.index: ChoiceResult(index=s.index, prompt_index=0) for s in specs}
 
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
@@ -104,6 +107,8 @@ class _Job:
                 async for spec, delta in merged:
                     result = self.results[spec.index]
                     result.add(delta)
+                    if self.prompt_logprobs is None:
+                        self.prompt_logprobs = delta.prompt_logprobs  # every choice scores the same prompt
                     lp = self._logprobs(delta)
                     if lp is not None:
                         result.logprob_parts.extend(lp["content"])
@@ -122,8 +127,14 @@ class _Job:
                 "logprobs": {"content": r.logprob_parts} if self.req.logprobs else None,
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason_json(r.stop_reason),
+                **({"token_ids": r.token_ids} if self.return_token_ids else {}),
             })
-        return {**self._envelope("chat.completion", choices), "usage": self._usage()}
+        response = {**self._envelope("chat.completion", choices), "usage": self._usage()}
+        if self.req.prompt_logprobs is not None:  # vLLM's: on the response, the prompt being the choices'
+            response["prompt_logprobs"] = prompt_logprobs_json(self.prompt_logprobs)
+        if self.return_token_ids:
+            response["prompt_token_ids"] = self.prompt_ids
+        return response
 
     def _message(self, result) -> tuple[dict, Optional[str]]:
         """A finished choice's message and finish_reason (tool calls parsed out of its text)."""
@@ -153,6 +164,8 @@ class _Job:
         calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls") or ())]
         chunks.append({"index": index, "delta": {"tool_calls": calls} if calls else {}, "logprobs": None,
                        "finish_reason": finish_reason, "stop_reason": stop_reason_json(delta.stop_reason)})
+        if self.return_token_ids:  # the message is sent whole at the end: so are its ids
+            chunks[-1]["token_ids"] = list(self.results[index].token_ids)
         return chunks
 
     async def stream(self, streams: ChoiceStreams) -> AsyncIterator[bytes]:
@@ -160,8 +173,14 @@ class _Job:
         kind = "chat.completion.chunk"
         templates: dict[int, EventTemplate] = {}  # per choice: the content-only chunk, encoded once
 
+        prompt_ids_sent = not self.return_token_ids
+
         def chunk(choice: dict) -> bytes:
+            nonlocal prompt_ids_sent
             obj = self._envelope(kind, [choice])
+            if not prompt_ids_sent:  # return_token_ids: on the stream's first chunk only (vLLM's)
+                obj["prompt_token_ids"] = self.prompt_ids
+                prompt_ids_sent = True
             if include_usage:
                 obj["usage"] = self._usage() if continuous else None
             return event(obj)
@@ -184,18 +203,23 @@ class _Job:
                             for choice in self._tool_chunks(spec.index, delta):
                                 yield chunk(choice)
                         continue
-                    if not delta.text and not delta.finished and not (lp and lp["content"]):
+                    if (not delta.text and not delta.finished and not (lp and lp["content"])
+                            and not (self.return_token_ids and delta.token_ids)):
                         continue  # tokens whose text is held back (partial characters, possible stop)
-                    if lp is None and not delta.finished and not continuous:  # the per-token case
+                    if lp is None and not delta.finished and not continuous and not self.return_token_ids:
+                        # the per-token case
                         template = templates.get(spec.index)
                         if template is None:
                             template = templates[spec.index] = EventTemplate(self._text_chunk(
                                 kind, spec.index, include_usage))
                         yield template.fill(delta.text)
                         continue
-                    yield chunk({"index": spec.index, "delta": {"content": delta.text} if delta.text else {},
-                                 "logprobs": lp, "finish_reason": delta.finish_reason,
-                                 "stop_reason": stop_reason_json(delta.stop_reason)})
+                    choice = {"index": spec.index, "delta": {"content": delta.text} if delta.text else {},
+                              "logprobs": lp, "finish_reason": delta.finish_reason,
+                              "stop_reason": stop_reason_json(delta.stop_reason)}
+                    if self.return_token_ids:
+                        choice["token_ids"] = list(delta.token_ids)
+                    yield chunk(choice)
             if include_usage:
                 yield event({**self._envelope(kind, []), "usage": self._usage()})
         except Exception as exc:  # noqa: BLE001 - the headers are sent: report in-band

@@ -9,7 +9,7 @@ from quart import Response
 
 from aioinfer.entrypoints.openai.errors import bad_request, from_engine_error
 from aioinfer.entrypoints.openai.fanout import ChoiceSpec, ChoiceStreams
-from aioinfer.entrypoints.openai.logprobs import CompletionLogprobs, merge_completion_logprobs
+from aioinfer.entrypoints.openai.logprobs import CompletionLogprobs, merge_completion_logprobs, prompt_logprobs_json
 from aioinfer.entrypoints.openai.protocol import CompletionRequest
 from aioinfer.entrypoints.openai.sampling import choice_params, completion_params
 from aioinfer.entrypoints.openai.server_state import ServerState
@@ -41,9 +41,10 @@ async def create_completion(state: ServerState, body: bytes, client_id: Optional
     request_id = new_request_id("cmpl", client_id)
     specs = [ChoiceSpec(index=pi * req.n + i, prompt_index=pi, prompt=ids, params=choice_params(base, i))
              for pi, ids in enumerate(prompt_ids) for i in range(req.n)]
-    job = _Job(req, request_id, state.served_model_name, specs, [len(ids) for ids in prompt_ids], echoes,
+    job = _Job(req, request_id, state.served_model_name, specs, prompt_ids, echoes,
                force_usage=state.config.enable_force_include_usage,
-               tokens_as_ids=tokens_as_ids(req, state))
+               tokens_as_ids=tokens_as_ids(req, state), decode=_token_decoder(engine),
+               prompt_logprobs=base.prompt_logprobs is not None)
     return await admit_and_respond(engine, specs, request_id, req, job)
 
 
@@ -60,6 +61,12 @@ def _tokenize(engine, prompt, add_special_tokens: bool) -> list[int]:
         raise from_engine_error(exc) from exc
 
 
+def _token_decoder(engine):
+    """A token's text alone: for an echoed prompt's first token, which has no logprobs entry to name it."""
+    tokenizer = engine.tokenizer
+    return None if tokenizer is None else (lambda token_id: tokenizer.decode([token_id]))
+
+
 def _echo_text(engine, prompt, ids: list[int]) -> str:
     if isinstance(prompt, str):
         return prompt
@@ -68,13 +75,21 @@ def _echo_text(engine, prompt, ids: list[int]) -> str:
 
 class _Job:
     def __init__(self, req: CompletionRequest, request_id: str, model: str, specs: list[ChoiceSpec],
-                 prompt_lengths: list[int], echoes: list[str], force_usage: bool = False,
-                 tokens_as_ids: bool = False) -> None:
+                 prompt_ids: list[list[int]], echoes: list[str], force_usage: bool = False,
+                 tokens_as_ids: bool = False, decode=None, prompt_logprobs: bool = False) -> None:
         self.req, self.id, self.model, self.created = req, request_id, model, now()
-        self.prompt_lengths, self.echoes = prompt_lengths, echoes
+        self.prompt_ids, self.echoes = prompt_ids, echoes
+        self.prompt_lengths = [len(ids) for ids in prompt_ids]
         self.force_usage = force_usage  # --enable-force-include-usage
+        self.return_token_ids = bool(req.return_token_ids)  # vLLM's: token ids on the choices
+        self.wants_prompt_logprobs = prompt_logprobs  # the choices carry vLLM's prompt_logprobs
+        # echo + logprobs: the logprobs start with the echoed prompt's tokens (offsets from 0, as vLLM's)
+        self.echo_logprobs = req.echo and req.logprobs is not None
         self.results = {s.index: ChoiceResult(index=s.index, prompt_index=s.prompt_index) for s in specs}
-        self.logprobs = {s.index: CompletionLogprobs(req.logprobs, len(echoes[s.prompt_index]), tokens_as_ids)
+        self.prompt_logprobs: dict[int, object] = {}  # choice index -> its prompt's logprobs (engine entries)
+        self.logprobs = {s.index: CompletionLogprobs(req.logprobs,
+                                                     0 if self.echo_logprobs else len(echoes[s.prompt_index]),
+                                                     tokens_as_ids, decode)
                          for s in specs} if req.logprobs is not None else None
 
     def _envelope(self, choices: list[dict]) -> dict:
@@ -84,14 +99,35 @@ class _Job:
     def _usage(self) -> dict:
         return usage(list(self.results.values()), self.prompt_lengths)
 
+    def _delta_logprobs(self, spec: ChoiceSpec, delta) -> Optional[dict]:
+        """The delta's logprobs in the completions format; the echoed prompt's first, on the delta that
+        brings the prompt logprobs (the first)."""
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs[spec.index] = delta.prompt_logprobs
+        if self.logprobs is None:
+            return None
+        formatter = self.logprobs[spec.index]
+        if not (self.echo_logprobs and delta.prompt_logprobs is not None):
+            return formatter.format(delta.token_ids, delta.logprobs)
+        return merge_completion_logprobs([formatter.format(self.prompt_ids[spec.prompt_index], delta.prompt_logprobs),
+                                          formatter.format(delta.token_ids, delta.logprobs)])
+
+    def _token_id_fields(self, result: ChoiceResult, token_ids: list[int], with_prompt: bool) -> dict:
+        """return_token_ids: the choice's generated ids (a chunk's new ones), and its prompt's."""
+        if not self.return_token_ids:
+            return {}
+        fields = {"prompt_token_ids": self.prompt_ids[result.prompt_index]} if with_prompt else {}
+        fields["token_ids"] = list(token_ids)
+        return fields
+
     async def full(self, streams: ChoiceStreams) -> dict:
         try:
             async with aclosing(streams.merged()) as merged:
                 async for spec, delta in merged:
                     self.results[spec.index].add(delta)
-                    if self.logprobs is not None:
-                        self.results[spec.index].logprob_parts.append(
-                            self.logprobs[spec.index].format(delta.token_ids, delta.logprobs))
+                    lp = self._delta_logprobs(spec, delta)
+                    if lp is not None:
+                        self.results[spec.index].logprob_parts.append(lp)
         except Exception as exc:  # noqa: BLE001
             raise from_engine_error(exc) from exc
         finally:
@@ -106,7 +142,10 @@ class _Job:
                 "logprobs": merge_completion_logprobs(r.logprob_parts),
                 "finish_reason": r.finish_reason,
                 "stop_reason": stop_reason_json(r.stop_reason),
+                **self._token_id_fields(r, r.token_ids, with_prompt=True),
             })
+            if self.wants_prompt_logprobs:
+                choices[-1]["prompt_logprobs"] = prompt_logprobs_json(self.prompt_logprobs.get(index))
         return {**self._envelope(choices), "usage": self._usage()}
 
     def _text_template(self, index: int, include_usage: bool) -> EventTemplate:
@@ -119,6 +158,7 @@ class _Job:
     async def stream(self, streams: ChoiceStreams) -> AsyncIterator[bytes]:
         include_usage, continuous = stream_usage(self.req.stream_options, self.force_usage)
         echoed: set[int] = set()
+        announced: set[int] = set()  # return_token_ids: choices whose chunk carried the prompt's ids
         templates: dict[int, EventTemplate] = {}  # per choice: the text-only chunk, encoded once
         try:
             async with aclosing(streams.merged()) as merged:
@@ -129,19 +169,23 @@ class _Job:
                     if spec.index not in echoed:
                         echoed.add(spec.index)
                         text = self.echoes[spec.prompt_index] + text
-                    lp = (self.logprobs[spec.index].format(delta.token_ids, delta.logprobs)
-                          if self.logprobs is not None else None)
-                    if not text and not delta.finished and not (lp and lp["tokens"]):
+                    lp = self._delta_logprobs(spec, delta)
+                    if (not text and not delta.finished and not (lp and lp["tokens"])
+                            and not (self.return_token_ids and delta.token_ids)):
                         continue  # tokens whose text is held back (partial characters, possible stop)
-                    if lp is None and not delta.finished and not continuous:  # the per-token case
+                    if lp is None and not delta.finished and not continuous and not self.return_token_ids:
+                        # the per-token case
                         template = templates.get(spec.index)
                         if template is None:
                             template = templates[spec.index] = self._text_template(spec.index, include_usage)
                         yield template.fill(text)
                         continue
+                    first_ids = spec.index not in announced
+                    announced.add(spec.index)
                     chunk = self._envelope([{
                         "index": spec.index, "text": text, "logprobs": lp, "finish_reason": delta.finish_reason,
-                        "stop_reason": stop_reason_json(delta.stop_reason)}])
+                        "stop_reason": stop_reason_json(delta.stop_reason),
+                        **self._token_id_fields(result, delta.token_ids, with_prompt=first_ids)}])
                     if include_usage:
                         chunk["usage"] = self._usage() if continuous else None
                     yield event(chunk)

@@ -1,0 +1,245 @@
+"""POST /v1/responses (stateless) with the real openai client and openai-agents, on the real SmolLM2 server.
+
+Each answer is checked against /v1/chat/completions on the equivalent messages: the Responses route
+is the chat route's machinery with another shape, so the text (greedy) and the token counts must match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from server_process import metric, metric_samples
+
+MODEL = "SmolLM2-135M-Instruct"
+HELLO = "Say hello."
+WEATHER = {"type": "object", "additionalProperties": False, "required": ["city"],
+           "properties": {"city": {"type": "string", "maxLength": 20}}}
+TOOL = {"type": "function", "name": "get_weather", "description": "Current weather of a city", "parameters": WEATHER,
+        "strict": True}
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 20},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+ABOUT_ALICE = "Alice Smith is 34 years old and lives in Paris. Give her name and age as a JSON object."
+
+
+def _chat(client, messages, **args):
+    return client.chat.completions.create(model=MODEL, messages=messages, temperature=0, **args)
+
+
+def test_text_answer_streamed_and_not(smollm2_client):
+    response = smollm2_client.responses.create(model=MODEL, input=HELLO, max_output_tokens=8, temperature=0)
+    chat = _chat(smollm2_client, [{"role": "user", "content": HELLO}], max_tokens=8)
+    assert response.id.startswith("resp_") and response.object == "response" and response.model == MODEL
+    assert response.output_text and response.output_text == chat.choices[0].message.content
+    [message] = response.output
+    assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
+    assert message.content[0].type == "output_text" and message.content[0].annotations == []
+    usage = response.usage
+    assert usage.input_tokens == chat.usage.prompt_tokens and usage.output_tokens == chat.usage.completion_tokens
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens and usage.output_tokens <= 8
+    assert usage.output_tokens_details.reasoning_tokens == 0
+    if chat.choices[0].finish_reason == "length":
+        assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    else:
+        assert response.status == "completed" and response.incomplete_details is None
+    assert response.max_output_tokens == 8 and response.temperature == 0 and response.tools == []
+
+    events = list(smollm2_client.responses.create(model=MODEL, input=HELLO, max_output_tokens=8, temperature=0,
+                                                  stream=True))
+    kinds = [e.type for e in events]
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    terminal = "response.incomplete" if response.status == "incomplete" else "response.completed"
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", *["response.output_text.delta"] * len(deltas),
+                     "response.output_text.done", "response.content_part.done", "response.output_item.done", terminal]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    final = events[-1].response
+    text = "".join(d.delta for d in deltas)
+    assert text == events[-4].text == final.output_text == response.output_text
+    item_id = events[2].item.id
+    assert all(d.item_id == item_id and d.output_index == 0 for d in deltas) and final.output[0].id == item_id
+    assert final.usage.output_tokens == usage.output_tokens and final.id == events[0].response.id
+
+
+def test_instructions_and_a_tool_call_history(smollm2_client):
+    """instructions + input items (text parts, a function_call and its output) = the chat history."""
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "What is the weather in Paris?"}]},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 24 C"}]
+    response = smollm2_client.responses.create(model=MODEL, instructions="Answer in one sentence.", input=items,
+                                               tools=[TOOL], tool_choice="none", max_output_tokens=16, temperature=0)
+    messages = [{"role": "system", "content": "Answer in one sentence."},
+                {"role": "user", "content": "What is the weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 24 C"}]
+    chat = _chat(smollm2_client, messages, max_tokens=16, tools=[{"type": "function", "function": {
+        k: v for k, v in TOOL.items() if k != "type"}}], tool_choice="none")
+    assert response.output_text == chat.choices[0].message.content and response.output_text
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    assert response.instructions == "Answer in one sentence." and response.tool_choice == "none"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_function_tool(smollm2_client, stream):
+    args = dict(model=MODEL, input="What is the weather in Paris?", tools=[TOOL], tool_choice="required",
+                parallel_tool_calls=False, max_output_tokens=60, temperature=0)
+    if stream:
+        events = list(smollm2_client.responses.create(stream=True, **args))
+        kinds = [e.type for e in events]
+        assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                         "response.output_item.done", "response.completed"]
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert events[2].item.arguments == "" and events[3].delta == events[4].arguments
+        response = events[-1].response
+        assert response.output[0].model_dump() == events[5].item.model_dump()
+    else:
+        response = smollm2_client.responses.create(**args)
+    assert response.status == "completed" and response.output_text == ""
+    [call] = response.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.status == "completed"
+    assert call.call_id.startswith("call_") and call.id.startswith("fc_")
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=20)
+    age: int = Field(ge=0, le=120)
+
+
+def test_text_format_json_schema(smollm2_client):
+    response = smollm2_client.responses.create(
+        model=MODEL, input=ABOUT_ALICE, max_output_tokens=80, temperature=0,
+        text={"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}})
+    assert response.status == "completed"
+    jsonschema.validate(json.loads(response.output_text), PERSON)
+    assert response.text.format.type == "json_schema" and response.text.format.name == "person"
+    parsed = smollm2_client.responses.parse(model=MODEL, input=ABOUT_ALICE, text_format=Person,
+                                            max_output_tokens=80, temperature=0)
+    assert isinstance(parsed.output_parsed, Person)
+
+
+def test_stateful_fields_are_refused_and_bad_input_named(smollm2_server, smollm2_client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        smollm2_client.responses.create(model=MODEL, input=HELLO, previous_response_id="resp_123")
+    assert caught.value.body["param"] == "previous_response_id"
+    assert caught.value.body["code"] == "unsupported_parameter"
+    with pytest.raises(openai.BadRequestError) as caught:
+        smollm2_client.responses.create(model=MODEL, input=HELLO, background=True)
+    assert caught.value.body["param"] == "background"
+    bad = [({"input": 5}, "input"),
+           ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input.0.content.0.type"),
+           ({"input": HELLO, "tools": [{"type": "web_search"}]}, "tools.0"),
+           ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]}, "input.0.arguments")]
+    for body, param in bad:
+        answer = httpx.post(smollm2_server.base_url + "/responses", json={"model": MODEL, **body}, timeout=30)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param, (body, answer.text)
+    # store: true is OpenAI's default, sent by clients that never read a response back: answered, not stored.
+    answer = httpx.post(smollm2_server.base_url + "/responses", timeout=30, json={
+        "model": MODEL, "input": HELLO, "store": True, "max_output_tokens": 1, "include": []})
+    assert answer.status_code == 200 and answer.json()["store"] is False
+    assert "X-Aioinfer-Ignored-Fields" not in answer.headers
+
+
+def test_client_leaving_a_stream_aborts_the_request(smollm2_server, smollm2_client):
+    before = metric(metric_samples(smollm2_server), "aioinfer:requests_aborted_total", cause="client")
+    with smollm2_client.responses.create(model=MODEL, input="Write a long story about a dragon.",
+                                         max_output_tokens=1500, temperature=0, stream=True) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                break
+    deadline = time.monotonic() + 60  # a bound for a stuck server, not a timing assumption
+    while True:  # the gauge follows the abort at the next step: both are waited for
+        samples = metric_samples(smollm2_server)
+        if (metric(samples, "aioinfer:requests_aborted_total", cause="client") == before + 1
+                and metric(samples, "vllm:num_requests_running") == 0):
+            break
+        assert time.monotonic() < deadline, "the engine request was not aborted"
+        time.sleep(0.1)
+
+
+# ------------------------------------------------------------------ openai-agents' default model
+
+def test_openai_agents(smollm2_server):
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    calls = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Current weather of a city."""
+        calls.append(city)
+        return f"Sunny in {city}"
+
+    async def main():
+        client = openai.AsyncOpenAI(base_url=smollm2_server.base_url, api_key="unused", max_retries=0)
+        model = OpenAIResponsesModel(model=MODEL, openai_client=client)
+        plain = Agent(name="assistant", instructions="Answer in one short sentence.", model=model,
+                      model_settings=ModelSettings(temperature=0, max_tokens=16))
+        answer = await Runner.run(plain, "What is the capital of France?")
+        # The tool runs once and its result is the answer: the run is bounded whatever the model writes.
+        weather = Agent(name="weather", instructions="Use the tools.", model=model, tools=[get_weather],
+                        tool_use_behavior="stop_on_first_tool",
+                        model_settings=ModelSettings(temperature=0, max_tokens=40, tool_choice="required"))
+        tool_answer = await Runner.run(weather, "What is the weather in Paris?")
+        return answer.final_output, tool_answer.final_output
+
+    text, tool_text = asyncio.run(main())
+    assert isinstance(text, str) and text.strip()
+    assert len(calls) == 1 and isinstance(calls[0], str) and tool_text == f"Sunny in {calls[0]}"
+
+
+def test_logprobs_when_included(smollm2_client):
+    response = smollm2_client.responses.create(model=MODEL, input=HELLO, max_output_tokens=4, temperature=0,
+                                               include=["message.output_text.logprobs"], top_logprobs=2)
+    chat = _chat(smollm2_client, [{"role": "user", "content": HELLO}], max_tokens=4, logprobs=True, top_logprobs=2)
+    got, want = response.output[0].content[0].logprobs, chat.choices[0].logprobs.content
+    assert len(got) == len(want) == 4
+    for mine, theirs in zip(got, want):  # equal up to float noise (the second prompt hits the prefix cache)
+        assert mine.token == theirs.token and mine.bytes == theirs.bytes
+        assert mine.logprob == pytest.approx(theirs.logprob, abs=1e-4)
+        assert [t.token for t in mine.top_logprobs] == [t.token for t in theirs.top_logprobs]
+
+
+# ------------------------------------------------------------------ in-band errors (no server)
+
+def test_an_error_after_the_stream_began_is_an_error_event():
+    from aioinfer.engine.delta import GenerationDelta
+    from aioinfer.entrypoints.openai.responses_protocol import ResponsesRequest
+    from aioinfer.entrypoints.openai.serving_responses import _ResponseJob
+    from aioinfer.errors import EngineDeadError
+    from aioinfer.sampling_params import SamplingParams
+
+    class DyingStreams:
+        shut_down, closed = False, False
+
+        async def merged(self):
+            yield None, GenerationDelta(request_id="r", token_ids=[1], text="Hi", logprobs=None)
+            raise EngineDeadError("the GPU thread died")
+
+        async def close(self):
+            self.closed = True
+
+    async def main(streams):
+        job = _ResponseJob(ResponsesRequest.model_validate({"input": "x"}), "resp_1", MODEL, SamplingParams(), 3,
+                           plan=None)
+        return [json.loads(chunk.split(b"data: ", 1)[1]) async for chunk in job.stream(streams)]
+
+    streams = DyingStreams()
+    events = asyncio.run(main(streams))
+    assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.output_item.added",
+                                           "response.content_part.added", "response.output_text.delta", "error"]
+    assert events[-1]["code"] == "engine_dead" and events[-1]["sequence_number"] == 5 and streams.closed

@@ -82,21 +82,24 @@ class AsyncLLM:
         deltas = engine.generate(prompt, params, request_id=request_id, priority=priority,
                                  stream=kind != RequestOutputKind.FINAL_ONLY)
         prompt_ids: list[int] = []
+        prompt_logprobs = None  # they come with the first token's delta
         async with aclosing(deltas):
             async for delta in deltas:
                 prompt_ids = delta.prompt_token_ids or prompt_ids
-                if kind == RequestOutputKind.DELTA:
+                if kind == RequestOutputKind.DELTA:  # each output carries what is new, as vLLM's
                     text, token_ids, logprobs = delta.text, list(delta.token_ids), delta.logprobs
+                    prompt_logprobs = delta.prompt_logprobs
                 else:
                     text += delta.text
                     token_ids += delta.token_ids
                     if delta.logprobs is not None:
                         logprobs = (logprobs or []) + delta.logprobs
+                    prompt_logprobs = delta.prompt_logprobs or prompt_logprobs
                 output = CompletionOutput(index=0, text=text, token_ids=token_ids, logprobs=logprobs,
                                           finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
                 yield RequestOutput(request_id=delta.request_id, prompt=prompt_text, prompt_token_ids=prompt_ids,
                                     outputs=[output], finished=delta.finished,
-                                    num_cached_tokens=delta.num_cached_tokens)
+                                    num_cached_tokens=delta.num_cached_tokens, prompt_logprobs=prompt_logprobs)
 
     async def abort(self, request_id: str) -> None:
         if self._engine is not None:

@@ -94,3 +94,25 @@ def test_bad_options_fail_at_construction(model_dir):
         AsyncLLM(model_dir, kv_cache_dtype="fp8")
     with pytest.raises(ValueError, match="output_kind"):
         SamplingParams(output_kind=7)
+
+
+def test_prompt_logprobs_come_with_the_outputs(model_dir):
+    """``prompt_logprobs``: the offline LLM's rows, on the DELTA output that brings the first token
+    (and no later one), and on every CUMULATIVE and FINAL_ONLY output."""
+    params = dict(max_tokens=4, temperature=0, prompt_logprobs=2)
+    want = LLM(model=model_dir, **OPTIONS).generate(PROMPTS[:1], SamplingParams(**params), use_tqdm=False)[0]
+    assert want.prompt_logprobs is not None and want.prompt_logprobs[0] is None
+
+    async def main() -> dict:
+        seen = {}
+        async with AsyncLLM(model=model_dir, **OPTIONS) as engine:
+            for kind in RequestOutputKind:
+                seen[kind] = [o async for o in engine.generate(PROMPTS[0], SamplingParams(output_kind=kind, **params),
+                                                               request_id=f"p-{kind.name}")]
+        return seen
+
+    seen = asyncio.run(main())
+    delta = seen[RequestOutputKind.DELTA]
+    assert delta[0].prompt_logprobs == want.prompt_logprobs and all(o.prompt_logprobs is None for o in delta[1:])
+    for kind in (RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY):
+        assert all(o.prompt_logprobs == want.prompt_logprobs for o in seen[kind]), kind

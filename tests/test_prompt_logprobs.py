@@ -180,6 +180,8 @@ def test_whole_vocabulary_is_bounded(model_dir):
     params.validate_for_prompt(limit, VOCAB_SIZE)
     with pytest.raises(ValueError, match="prompts of at most"):
         params.validate_for_prompt(limit + 1, VOCAB_SIZE)
+    with pytest.raises(ValueError, match="prompts of at most"):  # offline too, at admission
+        llm.generate([[1] * (limit + 1)], params, use_tqdm=False)
     with pytest.raises(ValueError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=21)
 

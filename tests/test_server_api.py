@@ -109,6 +109,19 @@ def test_chat_equals_offline(client, model_name, llm, params):
         assert got.usage.prompt_tokens == len(want.prompt_token_ids)
 
 
+def test_chat_custom_role_goes_to_the_template(client, model_name, llm):
+    """vLLM's custom roles: a role outside OpenAI's five is rendered by the chat template as it is,
+    text content or text parts alike, and the reply equals the offline chat's."""
+    as_text = [{"role": "my-custom-role", "content": "what is 1+1?"}]
+    as_parts = [{"role": "my-custom-role", "content": [{"type": "text", "text": "what is 1+1?"}]}]
+    want = llm.chat(as_text, sampling(llm, max_tokens=8, temperature=0.0), use_tqdm=False)[0]
+    assert "my-custom-role" in want.prompt
+    replies = [client.chat.completions.create(model=model_name, messages=m, max_tokens=8, temperature=0)
+               for m in (as_text, as_parts)]
+    assert [r.choices[0].message.content for r in replies] == [want.outputs[0].text] * 2
+    assert replies[0].usage.prompt_tokens == len(want.prompt_token_ids)
+
+
 def test_streamed_text_equals_full_text(client, model_name):
     for prompt in PROMPTS:
         args = dict(model=model_name, prompt=prompt, max_tokens=20, temperature=0.7, seed=1)
@@ -313,7 +326,8 @@ def _table(model_len: int) -> list[tuple[str, str, object, int, str | None]]:
         ("prompt-plus-max-tokens-too-long", c, {"prompt": "hi", "max_tokens": model_len}, 400, None),
         ("unknown-model", c, {"model": "gpt-9", "prompt": "hi"}, 404, "model"),
         ("chat-no-messages", ch, {"messages": []}, 400, "messages"),
-        ("chat-bad-role", ch, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
+        ("chat-empty-role", ch, {"messages": [{"role": "", "content": "hi"}]}, 400, "messages.0.role"),
+        ("chat-role-not-a-string", ch, {"messages": [{"role": 3, "content": "hi"}]}, 400, "messages.0.role"),
         ("chat-image-part", ch, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
          400, None),
         ("chat-top-logprobs-without-logprobs", ch, {"messages": msg, "top_logprobs": 2}, 400, "top_logprobs"),

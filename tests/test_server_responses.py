@@ -146,9 +146,12 @@ def test_stateful_fields_are_refused_and_bad_input_named(smollm2_server, smollm2
     for body, param in bad:
         answer = httpx.post(smollm2_server.base_url + "/responses", json={"model": MODEL, **body}, timeout=30)
         assert answer.status_code == 400 and answer.json()["error"]["param"] == param, (body, answer.text)
-    # store: true is OpenAI's default, sent by clients that never read a response back: answered, not stored.
+    # Nothing is stored: store: true is refused, store: false answered (and said so).
     answer = httpx.post(smollm2_server.base_url + "/responses", timeout=30, json={
-        "model": MODEL, "input": HELLO, "store": True, "max_output_tokens": 1, "include": []})
+        "model": MODEL, "input": HELLO, "store": True, "max_output_tokens": 1})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "store", answer.text
+    answer = httpx.post(smollm2_server.base_url + "/responses", timeout=30, json={
+        "model": MODEL, "input": HELLO, "store": False, "max_output_tokens": 1, "include": []})
     assert answer.status_code == 200 and answer.json()["store"] is False
     assert "X-Aioinfer-Ignored-Fields" not in answer.headers
 

@@ -293,7 +293,6 @@ class Engine:
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         text, prompt_ids = self._inputs.tokenize(prompt)
-        params.validate_for_prompt(len(prompt_ids), self.vocab_size)  # whole-vocabulary prompt logprobs' bound
         request = self._inputs.make_request(request_id, prompt_ids, params, priority=priority,
                                             cache_salt=prompt_salt(prompt, cache_salt))
         self._core.scheduler.check_fits(request.num_prompt_tokens, request.max_tokens)  # immutable limits

@@ -52,6 +52,31 @@ class StepStats:
     num_spec_accepted_tokens: int = 0
     spec_accepted_per_position: tuple[int, ...] = ()
 
+    @classmethod
+    def of_step(cls, core, scheduler_output, runner_output, step_time: float, swaps: tuple = ()) -> "StepStats":
+        """The step ``core.step_with_details`` just ran (the async step loop's and the offline
+        ``LLM``'s metrics read the same figures)."""
+        scheduler = core.scheduler
+        spec = scheduler.draft_policy.take_step_counts() if scheduler.draft_policy is not None else None
+        return cls(
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            kv_usage=core.kv_cache.usage(),
+            num_batched_requests=len(scheduler_output.scheduled),
+            num_scheduled_tokens=scheduler_output.num_scheduled_tokens,
+            num_generation_tokens=runner_output.num_tokens,
+            num_preempted=scheduler_output.num_preempted,
+            step_time=step_time,
+            swaps=swaps,
+            num_prefix_cache_queries=scheduler_output.num_prefix_cache_queries,
+            num_prefix_cache_hits=scheduler_output.num_prefix_cache_hits,
+            num_prefilled_prompt_tokens=scheduler.last_prefilled_prompt_tokens,
+            **({} if spec is None else dict(
+                num_spec_drafts=spec.num_drafts, num_spec_draft_tokens=spec.num_draft_tokens,
+                num_spec_accepted_tokens=spec.num_accepted_tokens,
+                spec_accepted_per_position=tuple(spec.accepted_per_position))),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RequestStats:

@@ -125,31 +125,13 @@ class StepLoop:
                 raise RuntimeError(f"injected failure at step {steps}")
             start = time.monotonic()
             scheduler_output, runner_output, outputs = core.step_with_details()
-            scheduler = core.scheduler
-            spec = scheduler.draft_policy.take_step_counts() if scheduler.draft_policy is not None else None
             self._deliver(StepResult(
                 outputs=outputs,
                 started=[new.request_id for new in scheduler_output.new_requests],
                 step_start=start,
                 rejected=rejected,
-                stats=StepStats(
-                    num_running=len(scheduler.running),
-                    num_waiting=len(scheduler.waiting),
-                    kv_usage=core.kv_cache.usage(),
-                    num_batched_requests=len(scheduler_output.scheduled),
-                    num_scheduled_tokens=scheduler_output.num_scheduled_tokens,
-                    num_generation_tokens=runner_output.num_tokens,
-                    num_preempted=scheduler_output.num_preempted,
-                    step_time=time.monotonic() - start,
-                    swaps=core.take_swap_timings(),
-                    num_prefix_cache_queries=scheduler_output.num_prefix_cache_queries,
-                    num_prefix_cache_hits=scheduler_output.num_prefix_cache_hits,
-                    num_prefilled_prompt_tokens=scheduler.last_prefilled_prompt_tokens,
-                    **({} if spec is None else dict(
-                        num_spec_drafts=spec.num_drafts, num_spec_draft_tokens=spec.num_draft_tokens,
-                        num_spec_accepted_tokens=spec.num_accepted_tokens,
-                        spec_accepted_per_position=tuple(spec.accepted_per_position))),
-                ),
+                stats=StepStats.of_step(core, scheduler_output, runner_output, time.monotonic() - start,
+                                        swaps=core.take_swap_timings()),
             ))
 
     @staticmethod

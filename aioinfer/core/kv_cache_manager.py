@@ -64,15 +64,16 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ admission
 
-    def admit(self, request: Request) -> Optional[int]:
-        """Reserve blocks for the request's known tokens, reusing cached leading blocks.
+    def admit(self, request: Request, match: bool = True) -> Optional[int]:
+        """Reserve blocks for the request's known tokens, reusing cached leading blocks (none with
+        ``match=False``: a request that needs every prompt position computed).
 
         Returns the number of tokens found in the cache (its computed tokens from now on), or None
         (and no change) when its uncached blocks do not fit beside the other reservations. At least
         the last known token is always left to compute: the block holding it is never taken from
         the cache, because a shared block is never written and the step must produce its logits.
         """
-        hits = self.match_prefix(request)
+        hits = self.match_prefix(request) if match else []
         target = cdiv(request.num_tokens, self.block_size)
         revived = sum(1 for entry in hits if self.pool.is_free(entry.block_id))
         if target - len(hits) + self._num_reserved > self.pool.num_free_blocks - revived:

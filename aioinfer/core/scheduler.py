@@ -287,19 +287,11 @@ class Scheduler:
         return queries, hits
 
     def _admit_blocks(self, request: Request) -> int | None:
-        """``kv_cache.admit``, except for a request whose prompt logprobs are not complete: it takes no
-        cached blocks (vLLM's rule too), since a position served from the cache has no logits. Its
-        own blocks are cached as usual for others. Once its first token is out, the prompt's rows are
-        all in, and a recompute after preemption may use the cache again."""
-        if not _needs_prompt_logits(request):
-            return self.kv_cache.admit(request)
-        kv = self.kv_cache
-        # KVCacheManager.admit matches no prefix without a prefix cache; nothing else in it reads the cache.
-        cache, kv.prefix_cache = kv.prefix_cache, None
-        try:
-            return kv.admit(request)
-        finally:
-            kv.prefix_cache = cache
+        """``kv_cache.admit``; a request whose prompt logprobs are not complete takes no cached blocks
+        (vLLM's rule too), since a position served from the cache has no logits. Its own blocks are
+        cached as usual for others. Once its first token is out, the prompt's rows are all in, and a
+        recompute after preemption may use the cache again."""
+        return self.kv_cache.admit(request, match=not _needs_prompt_logits(request))
 
     def _admit_outranking(self, swap_out: list[SwapOut], swap_in: list[SwapIn]) -> tuple[int, int]:
         """Admit waiting requests that outrank the last running one, preempting what they outrank.

@@ -90,6 +90,7 @@ class InputProcessor:
             raise ValueError("cache_salt must be a non-empty string")
         params.validate_for_vocab(self.vocab_size)
         num_prompt = len(prompt_token_ids)
+        params.validate_for_prompt(num_prompt, self.vocab_size)  # whole-vocabulary prompt logprobs' bound
         if params.max_tokens is None:
             max_tokens = self.max_model_len - num_prompt
             if max_tokens < 1:

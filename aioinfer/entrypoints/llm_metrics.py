@@ -61,7 +61,7 @@ class OfflineMetrics:
                 timing = open_requests.get(out.request_id)
                 if timing is not None:
                     timing.num_preemptions = out.num_preemptions
-        self.prometheus.on_step(_step_stats(core, scheduler_output, runner_output, now - step_start))
+        self.prometheus.on_step(StepStats.of_step(core, scheduler_output, runner_output, now - step_start))
         for delta in deltas:
             timing = open_requests.get(delta.request_id)
             if timing is None:
@@ -89,29 +89,6 @@ def model_label(model: str) -> str:
     from aioinfer.fetch import DEFAULT_MODEL, DEFAULT_MODEL_ALIASES
 
     return DEFAULT_MODEL if model in DEFAULT_MODEL_ALIASES else model.rstrip("/").rsplit("/", 1)[-1]
-
-
-def _step_stats(core, scheduler_output, runner_output, step_time: float) -> StepStats:
-    # The fields the async engine's step loop reports (async_engine/step_loop.py), swaps aside.
-    scheduler = core.scheduler
-    spec = scheduler.draft_policy.take_step_counts() if scheduler.draft_policy is not None else None
-    return StepStats(
-        num_running=len(scheduler.running),
-        num_waiting=len(scheduler.waiting),
-        kv_usage=core.kv_cache.usage(),
-        num_batched_requests=len(scheduler_output.scheduled),
-        num_scheduled_tokens=scheduler_output.num_scheduled_tokens,
-        num_generation_tokens=runner_output.num_tokens,
-        num_preempted=scheduler_output.num_preempted,
-        step_time=step_time,
-        num_prefix_cache_queries=scheduler_output.num_prefix_cache_queries,
-        num_prefix_cache_hits=scheduler_output.num_prefix_cache_hits,
-        num_prefilled_prompt_tokens=scheduler.last_prefilled_prompt_tokens,
-        **({} if spec is None else dict(
-            num_spec_drafts=spec.num_drafts, num_spec_draft_tokens=spec.num_draft_tokens,
-            num_spec_accepted_tokens=spec.num_accepted_tokens,
-            spec_accepted_per_position=tuple(spec.accepted_per_position))),
-    )
 
 
 def _request_stats(request_id: str, timing: _Timing, finish_reason: str, now: float) -> RequestStats:

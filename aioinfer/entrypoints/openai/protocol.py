@@ -152,7 +152,9 @@ def _json_bool_string(value: Any) -> Any:
 
 class ChatMessage(_Strict):
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)  # see ignored_fields
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # OpenAI's five roles, or any other name (vLLM's custom roles): the chat template decides what it
+    # makes of one, and a template that refuses it is a 400 naming its reason (apply_chat_template).
+    role: str = Field(min_length=1)
     content: Union[str, list[Annotated[TextPart, BeforeValidator(_text_only)]], None] = None
     name: Optional[str] = None
     tool_call_id: Optional[str] = None

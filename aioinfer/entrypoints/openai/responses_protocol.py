@@ -8,9 +8,9 @@ written flat, ``text.format`` the response_format, ``max_output_tokens`` max_com
 (chat template, tools, structured outputs, sampling) serves it unchanged.
 
 Nothing is kept between requests. ``previous_response_id``, ``conversation``, ``prompt`` (a stored
-prompt) and ``background`` need server-side state and are refused (400). ``store: true`` is OpenAI's
-default, which clients send without meaning to keep anything: accepted and ignored with a warning,
-as vLLM does. The sampling extras of the other routes (top_k, seed, stop, ...) are accepted here too;
+prompt), ``background`` and ``store: true`` need server-side state and are refused (400: the issue's
+rule; vLLM accepts ``store: true`` and keeps nothing, which a client that reads the response back
+finds out later and worse). The official SDK and openai-agents send no ``store`` unless told. The sampling extras of the other routes (top_k, seed, stop, ...) are accepted here too;
 unknown fields are ignored with a warning (``reasoning`` among them: no reasoning model is served).
 """
 
@@ -135,6 +135,9 @@ class ResponsesRequest(_SamplingFields):
         if self.background:
             raise bad_request("background needs stored responses, and this server keeps none", param="background",
                               code="unsupported_parameter")
+        if self.store:
+            raise bad_request("store: true needs stored responses, and this server keeps none: send store: false "
+                              "or leave it out", param="store", code="unsupported_parameter")
         if self.n != 1:
             raise bad_request("n is not supported on /v1/responses: a response has one output", param="n",
                               code="unsupported_parameter")

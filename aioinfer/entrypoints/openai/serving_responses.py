@@ -45,8 +45,6 @@ logger = logging.getLogger(__name__)
 async def create_response(state: ServerState, body: bytes, client_id: Optional[str] = None) -> Response:
     req = parse_body(ResponsesRequest, body)
     req.check_supported()
-    if req.store:
-        logger.warning("store=true ignored: this server keeps no responses (the answer says store: false)")
     engine = engine_for(state, req)
     try:
         chat = to_chat_request(req)

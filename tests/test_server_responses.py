@@ -176,7 +176,8 @@ def test_client_leaving_a_stream_aborts_the_request(smollm2_server, smollm2_clie
 # ------------------------------------------------------------------ openai-agents' default model
 
 def test_openai_agents(smollm2_server):
-    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from agents import (Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool,
+                        set_default_openai_client, set_tracing_disabled)
 
     set_tracing_disabled(True)
     calls = []
@@ -198,10 +199,17 @@ def test_openai_agents(smollm2_server):
                         tool_use_behavior="stop_on_first_tool",
                         model_settings=ModelSettings(temperature=0, max_tokens=40, tool_choice="required"))
         tool_answer = await Runner.run(weather, "What is the weather in Paris?")
-        return answer.final_output, tool_answer.final_output
+        # The default model: an Agent given only a model name, the SDK's default client set to this
+        # server (its default provider then serves the name through the Responses API).
+        set_default_openai_client(client, use_for_tracing=False)
+        by_default = Agent(name="assistant", instructions="Answer in one short sentence.", model=MODEL,
+                           model_settings=ModelSettings(temperature=0, max_tokens=16))
+        default_answer = await Runner.run(by_default, "What is the capital of France?")
+        return answer.final_output, tool_answer.final_output, default_answer.final_output
 
-    text, tool_text = asyncio.run(main())
+    text, tool_text, default_text = asyncio.run(main())
     assert isinstance(text, str) and text.strip()
+    assert default_text == text  # the same route, greedy
     assert len(calls) == 1 and isinstance(calls[0], str) and tool_text == f"Sunny in {calls[0]}"
 
 

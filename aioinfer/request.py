@@ -89,6 +89,12 @@ class Request:
         return len(self.prompt_token_ids)
 
     @property
+    def needs_prompt_logits(self) -> bool:
+        """Prompt logprobs asked and not all computed yet (they are once the first token is known):
+        every prompt position must then be computed, none served from the prefix cache."""
+        return self.sampling_params.prompt_logprobs is not None and not self.output_token_ids
+
+    @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 

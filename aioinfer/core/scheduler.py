@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections import Counter
 from collections.abc import Iterable
 
 from aioinfer.config import SchedulerConfig, SpeculativeConfig
 from aioinfer.core.draft_grants import grant_drafts, update_verified
 from aioinfer.core.host_block_pool import HostBlockPool
 from aioinfer.core.kv_cache_manager import KVCacheManager, cdiv
+from aioinfer.core.priority_victims import num_victims_for
 from aioinfer.core.request_queue import (
     PRIORITY_AGING_STEPS,
     RequestQueue,
@@ -58,11 +58,6 @@ logger = logging.getLogger(__name__)
 
 PLACEHOLDER_TOKEN = -1  # a token id sampled on the device but not yet known on the host
 _FIRST_FINISHED = RequestStatus.FINISHED_STOPPED  # statuses from here on are finished (RequestStatus.finished)
-
-
-def _needs_prompt_logits(request: Request) -> bool:
-    """Prompt logprobs asked and not all computed yet (they are once the first token is known)."""
-    return request.sampling_params.prompt_logprobs is not None and not request.output_token_ids
 
 
 class RequestTooLongError(ValueError):
@@ -291,7 +286,7 @@ class Scheduler:
         (vLLM's rule too), since a position served from the cache has no logits. Its own blocks are
         cached as usual for others. Once its first token is out, the prompt's rows are all in, and a
         recompute after preemption may use the cache again."""
-        return self.kv_cache.admit(request, match=not _needs_prompt_logits(request))
+        return self.kv_cache.admit(request, match=not request.needs_prompt_logits)
 
     def _admit_outranking(self, swap_out: list[SwapOut], swap_in: list[SwapIn]) -> tuple[int, int]:
         """Admit waiting requests that outrank the last running one, preempting what they outrank.
@@ -310,7 +305,7 @@ class Scheduler:
             if (request.num_pending_tokens or request.status == RequestStatus.SWAPPED
                     or not outranks(request, self.running[-1])):
                 break
-            num_victims = self._num_victims_for(request)
+            num_victims = num_victims_for(request, self.running, self.kv_cache, self.config.max_num_seqs)
             if num_victims is None:
                 break  # even every request it outranks would not make room: wait, preempting none
             for _ in range(num_victims):
@@ -324,31 +319,6 @@ class Scheduler:
             queries += admitted[0]
             hits += admitted[1]
         return queries, hits
-
-    def _num_victims_for(self, request: Request) -> int | None:
-        """The fewest requests from the back of the running order, all outranked by ``request``, whose
-        preemption lets it be admitted (0: it fits as things are); None when no number does."""
-        kv = self.kv_cache
-        # kv.admit's own test, as if the victims' blocks and reservations were released. Hits on a
-        # victim's blocks need no new block but stop being free ones: they count once, not twice.
-        hits = [] if _needs_prompt_logits(request) else kv.match_prefix(request)  # as _admit_blocks
-        need = cdiv(request.num_tokens, kv.block_size) - len(hits)
-        released: Counter[int] = Counter()
-        outstanding = 0
-        for num_victims in range(len(self.running) + 1):
-            if num_victims:
-                victim = self.running[-num_victims]
-                if not outranks(request, victim):
-                    return None
-                released.update(kv.block_ids(victim.request_id))
-                outstanding += kv.outstanding_blocks(victim.request_id)
-            if len(self.running) - num_victims >= self.config.max_num_seqs:
-                continue
-            freed = {b for b, n in released.items() if kv.pool.ref_counts[b] == n}
-            revived = sum(1 for entry in hits if kv.pool.is_free(entry.block_id) or entry.block_id in freed)
-            if need + kv.num_reserved_blocks - outstanding <= kv.num_free_blocks + len(freed) - revived:
-                return num_victims
-        return None
 
     def _allocate_or_preempt(self, request: Request, num_new: int, swap_out: list[SwapOut]) -> bool:
         """Allocate blocks for ``request``, preempting running requests from the back of the order.

@@ -32,6 +32,9 @@ class ModelConfig:
     # vLLM's: where unset sampling fields take their defaults from: "auto" (the model's
     # generation_config.json), "vllm" (none: SamplingParams' own), or a folder holding one
     generation_config: str = "auto"
+    # vLLM's: the most logprobs (sampled or prompt) a request may ask for a position; -1: the whole
+    # vocabulary, which is also what a request's -1 asks for (then allowed only with this at -1 or >= it)
+    max_logprobs: int = 20
 
     def __post_init__(self) -> None:
         _check(isinstance(self.model, str) and self.model, "model", self.model, "must be a non-empty string")
@@ -43,6 +46,9 @@ class ModelConfig:
         _check(self.load_format in LOAD_FORMATS, "load_format", self.load_format, f"must be one of {LOAD_FORMATS}")
         _check(self.max_model_len is None or _positive_int(self.max_model_len), "max_model_len",
                self.max_model_len, "must be a positive integer or None")
+        _check(isinstance(self.max_logprobs, int) and not isinstance(self.max_logprobs, bool)
+               and self.max_logprobs >= -1, "max_logprobs", self.max_logprobs,
+               "must be an integer >= 0, or -1 (the whole vocabulary)")
 
 
 @dataclass(frozen=True, slots=True)

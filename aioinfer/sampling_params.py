@@ -114,8 +114,9 @@ class SamplingParams:
             check(self.min_tokens <= self.max_tokens, "min_tokens", "must be <= max_tokens")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            check(value is None or (_is_int(value) and (0 <= value <= MAX_LOGPROBS or value == WHOLE_VOCAB)),
-                  name, f"must be an integer in [0, {MAX_LOGPROBS}], -1 (the whole vocabulary) or None")
+            # The cap is the engine's (max_logprobs, validate_logprobs_cap), as vLLM's.
+            check(value is None or (_is_int(value) and (value >= 0 or value == WHOLE_VOCAB)),
+                  name, "must be an integer >= 0, -1 (the whole vocabulary) or None")
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
               "must be non-negative integers")
@@ -141,6 +142,18 @@ class SamplingParams:
                 raise ValueError(f"logprobs -1 (all {vocab_size} vocabulary entries a token) needs max_tokens "
                                  f"<= {limit}, got {self.max_tokens!r}")
 
+    def validate_logprobs_cap(self, max_logprobs: int, vocab_size: int) -> None:
+        """vLLM's rule: the logprobs a position may get, -1 counting as the vocabulary, are at most the
+        engine's ``max_logprobs`` (20 unless set; -1 there: the vocabulary). Raises ``LogprobsCapExceeded``."""
+        cap = vocab_size if max_logprobs == WHOLE_VOCAB else max_logprobs
+        for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
+            value = getattr(self, name)
+            wanted = vocab_size if value == WHOLE_VOCAB else value
+            if wanted is not None and wanted > cap:
+                asked = f"{wanted} (-1: the whole vocabulary)" if value == WHOLE_VOCAB else str(wanted)
+                raise LogprobsCapExceeded(name, f"{asked} {kind} logprobs a position asked for, more than this "
+                                                f"engine's max_logprobs, {cap} (vLLM's option and --max-logprobs)")
+
     def validate_for_prompt(self, num_prompt_tokens: int, vocab_size: int) -> None:
         """Whole-vocabulary prompt logprobs must stay within ``MAX_WHOLE_VOCAB_ENTRIES``."""
         if self.prompt_logprobs == WHOLE_VOCAB and num_prompt_tokens * vocab_size > MAX_WHOLE_VOCAB_ENTRIES:
@@ -158,6 +171,15 @@ class SamplingParams:
         if self.logit_bias is not None:
             new.logit_bias = dict(self.logit_bias)
         return new
+
+
+class LogprobsCapExceeded(ValueError):
+    """A request asked for more logprobs a position than the engine's ``max_logprobs``; ``field``:
+    ``logprobs`` or ``prompt_logprobs``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
 
 
 def num_logprobs(value: int, vocab_size: int) -> int:

@@ -48,6 +48,7 @@ ENGINE_OPTIONS: dict[str, type] = {
     "dtype": str,
     "generation_config": str,
     "max_model_len": int,
+    "max_logprobs": int,
     "block_size": int,
     "num_kv_blocks": int,
     "max_num_seqs": int,

@@ -28,7 +28,6 @@ NO_EFFECT = {
     "compilation_config": "aioinfer does not use torch.compile; CUDA graphs are its own",
     "hf_token": "no model hub is contacted for a local model",
     "download_dir": "models are local folders or .gguf files (or the default model's cache)",
-    "max_logprobs": "logprobs are capped at 20 a token whatever it says (vLLM's default cap)",
     "scheduling_policy": "requests are served first come, first served; a request's priority, when set, "
                          "orders them (both of vLLM's policies)",
 }

@@ -154,7 +154,7 @@ def test_slices_bound_the_logits_of_a_chunk(model_dir, hf, monkeypatch):
 
 
 def test_whole_vocabulary(model_dir, hf):
-    llm = _llm(model_dir)
+    llm = _llm(model_dir, max_logprobs=-1)  # vLLM's rule: -1 needs the engine's cap lifted
     prompt = LONG[:6]
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=-1, logprobs=-1),
                        use_tqdm=False)[0]
@@ -170,7 +170,7 @@ def test_whole_vocabulary(model_dir, hf):
 def test_whole_vocabulary_is_bounded(model_dir):
     from aioinfer.sampling_params import MAX_WHOLE_VOCAB_ENTRIES
 
-    llm = _llm(model_dir)
+    llm = _llm(model_dir, max_logprobs=-1)
     limit = MAX_WHOLE_VOCAB_ENTRIES // VOCAB_SIZE
     with pytest.raises(ValueError, match="needs max_tokens"):
         llm.generate([SHORT], SamplingParams(logprobs=-1, max_tokens=limit + 1), use_tqdm=False)
@@ -183,7 +183,28 @@ def test_whole_vocabulary_is_bounded(model_dir):
     with pytest.raises(ValueError, match="prompts of at most"):  # offline too, at admission
         llm.generate([[1] * (limit + 1)], params, use_tqdm=False)
     with pytest.raises(ValueError, match="prompt_logprobs"):
-        SamplingParams(prompt_logprobs=21)
+        SamplingParams(prompt_logprobs=-2)
+
+
+def test_the_engine_caps_logprobs_at_max_logprobs(model_dir):
+    """vLLM's max_logprobs: 20 unless set; -1 counts as the vocabulary and needs the cap at -1 (or at
+    least the vocabulary); a raised cap gives that many entries a position."""
+    from aioinfer.sampling_params import LogprobsCapExceeded
+
+    default = _llm(model_dir)
+    for params in (SamplingParams(max_tokens=1, logprobs=21), SamplingParams(max_tokens=1, prompt_logprobs=21),
+                   SamplingParams(max_tokens=1, logprobs=-1), SamplingParams(max_tokens=1, prompt_logprobs=-1)):
+        with pytest.raises(LogprobsCapExceeded, match="max_logprobs, 20"):
+            default.generate([SHORT], params, use_tqdm=False)
+    raised = _llm(model_dir, max_logprobs=30)
+    out = raised.generate([SHORT], SamplingParams(temperature=0, max_tokens=2, logprobs=30, prompt_logprobs=25),
+                          use_tqdm=False)[0]
+    assert [len(entry) >= 30 for entry in out.outputs[0].logprobs] == [True, True]
+    assert all(len(entry) >= 25 for entry in out.prompt_logprobs[1:])
+    with pytest.raises(LogprobsCapExceeded, match="max_logprobs, 30"):
+        raised.generate([SHORT], SamplingParams(max_tokens=1, logprobs=-1), use_tqdm=False)
+    with pytest.raises(ValueError, match="max_logprobs"):
+        _llm(model_dir, max_logprobs=-2)
 
 
 def test_tensor_parallel_ranks_score_the_same_slices(tmp_path_factory):
@@ -207,7 +228,7 @@ def test_cuda_with_graphs_and_async_scheduling_matches_transformers(model_dir, h
     """The device path: pinned copies and their event, token-bucket CUDA graphs (16-token steps mixing
     decode and prefill), async scheduling; a whole-vocabulary request beside the others."""
     llm = LLM(model=str(model_dir), dtype="float32", device="cuda", max_num_batched_tokens=16, block_size=16,
-              num_kv_blocks=256)
+              num_kv_blocks=256, max_logprobs=-1)
     assert llm.engine.async_scheduling and llm.engine.runner.graphs is not None
     decoding = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     scored = SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=5)

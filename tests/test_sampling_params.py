@@ -9,7 +9,7 @@ BAD = [
     ("n", 0), ("n", 1.5), ("temperature", -0.1), ("temperature", float("nan")), ("top_p", 0.0), ("top_p", 1.5),
     ("top_k", -2), ("top_k", 2.5), ("min_p", -0.1), ("min_p", 1.1), ("seed", "x"), ("presence_penalty", 2.5),
     ("frequency_penalty", -3), ("repetition_penalty", 0.0), ("max_tokens", 0), ("max_tokens", True),
-    ("min_tokens", -1), ("logprobs", 21), ("logprobs", -2), ("prompt_logprobs", 21),
+    ("min_tokens", -1), ("logprobs", -2), ("logprobs", 1.5),
     ("prompt_logprobs", -2), ("prompt_logprobs", 1.0), ("stop", [""]), ("stop_token_ids", [-1]),
     ("logit_bias", {1: 200}), ("logit_bias", {"a": 1}),
 ]

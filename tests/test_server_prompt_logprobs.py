@@ -129,7 +129,18 @@ def test_chat_prompt_logprobs_and_return_token_ids(client, model, llm):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.outputs[0].text
 
 
-def test_chat_top_logprobs_minus_one_is_the_whole_vocabulary(client, model):
+@pytest.fixture(scope="module")
+def whole_vocab_server(model_dir):
+    """vLLM's chat test of top_logprobs -1 runs its server with --max-logprobs raised: -1 here."""
+    env = {"AIOINFER_" + k.upper(): str(v) for k, v in ENGINE_OPTIONS.items()}
+    proc = start_server({**env, "AIOINFER_MODEL": model_dir, "AIOINFER_MAX_LOGPROBS": "-1"})
+    yield proc
+    assert proc.stop() == 0, proc.output()
+    proc.close_log()
+
+
+def test_chat_top_logprobs_minus_one_is_the_whole_vocabulary(whole_vocab_server, model):
+    client = OpenAI(base_url=whole_vocab_server.base_url, api_key="unused", max_retries=0)
     # vLLM's test, as it sends it: "logprobs" as the string "true".
     got = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=1,
                                          extra_body={"top_logprobs": -1, "logprobs": "true"})
@@ -140,6 +151,10 @@ def test_chat_top_logprobs_minus_one_is_the_whole_vocabulary(client, model):
     everything = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=1,
                                                 extra_body={"prompt_logprobs": -1})
     assert all(len(entry) == VOCAB_SIZE for entry in everything.prompt_logprobs[1:])
+    # The whole vocabulary for every token up to the end of the context: over the bound, refused.
+    over = httpx.post(whole_vocab_server.url + "/v1/chat/completions",
+                      json={"messages": MESSAGES, "logprobs": True, "top_logprobs": -1})
+    assert over.status_code == 400, over.text
 
 
 @pytest.mark.parametrize("path, body, param", [
@@ -150,8 +165,12 @@ def test_chat_top_logprobs_minus_one_is_the_whole_vocabulary(client, model):
     ("/v1/chat/completions", {"messages": MESSAGES, "prompt_logprobs": 2, "stream": True}, "prompt_logprobs"),
     ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": True, "top_logprobs": -2}, "top_logprobs"),
     ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": "yes"}, "logprobs"),
-    # The whole vocabulary for every token up to the end of the context: over the bound, refused.
-    ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": True, "top_logprobs": -1}, None),
+    # Over the engine's max_logprobs (20 unless --max-logprobs says more), -1 the whole vocabulary: vLLM's 400s.
+    ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": True, "top_logprobs": -1, "max_tokens": 1},
+     "top_logprobs"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/completions", {"prompt": "hi", "prompt_logprobs": -1, "max_tokens": 1}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 21}, "logprobs"),
 ])
 def test_refused(server, path, body, param):
     response = httpx.post(server.url + path, json=body)

@@ -56,7 +56,7 @@ def test_translate():
     with pytest.raises(ValueError, match="same option"):
         translate({"swap_space": 2, "swap_space_gib": 2})
     config = EngineConfig.from_kwargs("m", swap_space=3, max_logprobs=5)
-    assert config.cache.swap_space_gib == 3
+    assert config.cache.swap_space_gib == 3 and config.model.max_logprobs == 5
 
 
 def test_the_docs_table_lists_every_option():

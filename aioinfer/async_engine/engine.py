@@ -144,7 +144,7 @@ class Engine:
             loaded_model = core.loaded
             self._inputs = InputProcessor(loaded_model.tokenizer, loaded_model.arch.vocab_size,
                                           loaded_model.max_model_len, loaded_model.eos_token_ids,
-                                          seed=self.config.model.seed)
+                                          seed=self.config.model.seed, max_logprobs=self.config.model.max_logprobs)
             self._outputs = OutputProcessor(loaded_model.tokenizer)
             if self.host_cpu is not None and not self._pinned_loop_thread:
                 pin_loop_thread(self.host_cpu)  # the GPU thread pinned itself once the model had loaded
@@ -231,6 +231,11 @@ class Engine:
     @property
     def vocab_size(self) -> int:
         return self._core.loaded.arch.vocab_size
+
+    @property
+    def max_logprobs(self) -> int:
+        """The most logprobs a request may ask for a position (``ModelConfig.max_logprobs``; -1: the vocabulary)."""
+        return self.config.model.max_logprobs
 
     @property
     def generation_defaults(self) -> dict:

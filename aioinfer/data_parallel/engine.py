@@ -149,6 +149,10 @@ class DataParallelEngine:
         return self._replicas[0].vocab_size
 
     @property
+    def max_logprobs(self) -> int:
+        return self._replicas[0].max_logprobs
+
+    @property
     def generation_defaults(self) -> dict:
         return self._replicas[0].generation_defaults
 

@@ -10,7 +10,7 @@ from typing import Optional, Sequence, Union
 
 from aioinfer.inputs import TextPrompt, TokensPrompt, unwrap_prompt
 from aioinfer.request import Request
-from aioinfer.sampling_params import SamplingParams
+from aioinfer.sampling_params import MAX_LOGPROBS, SamplingParams
 
 PromptInput = Union[str, Sequence[int], TextPrompt, TokensPrompt]
 
@@ -27,9 +27,10 @@ def prompt_salt(prompt: PromptInput, cache_salt: Optional[str]) -> Optional[str]
 
 class InputProcessor:
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int, eos_token_ids: tuple[int, ...],
-                 seed: int = 0) -> None:
+                 seed: int = 0, max_logprobs: int = MAX_LOGPROBS) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.max_logprobs = max_logprobs  # ModelConfig.max_logprobs
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self._seeds = random.Random(seed)  # draws the seeds of requests that did not give one
@@ -89,6 +90,7 @@ class InputProcessor:
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise ValueError("cache_salt must be a non-empty string")
         params.validate_for_vocab(self.vocab_size)
+        params.validate_logprobs_cap(self.max_logprobs, self.vocab_size)
         num_prompt = len(prompt_token_ids)
         params.validate_for_prompt(num_prompt, self.vocab_size)  # whole-vocabulary prompt logprobs' bound
         if params.max_tokens is None:

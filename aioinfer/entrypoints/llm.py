@@ -40,7 +40,8 @@ class LLM:
         loaded = self.engine.loaded
         self.tokenizer = loaded.tokenizer
         self.inputs = InputProcessor(loaded.tokenizer, loaded.arch.vocab_size, loaded.max_model_len,
-                                     loaded.eos_token_ids, seed=self.config.model.seed)
+                                     loaded.eos_token_ids, seed=self.config.model.seed,
+                                     max_logprobs=self.config.model.max_logprobs)
         self._ids = itertools.count()
         self._metrics = _offline_metrics(self.config.model.model)  # None without prometheus_client
 

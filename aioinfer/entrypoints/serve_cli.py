@@ -77,6 +77,7 @@ _SERVER_SWITCHES: dict[str, tuple[str, str]] = {
 }
 _ENGINE_HELP = {
     "max_model_len": "context length (default: the model's)",
+    "max_logprobs": "most logprobs a request may ask for a position (-1: the whole vocabulary; default 20)",
     "max_num_seqs": "requests running at once",
     "max_num_batched_tokens": "tokens computed per step",
     "block_size": "tokens per KV block",

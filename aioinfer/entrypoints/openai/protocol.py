@@ -21,9 +21,6 @@ from aioinfer.entrypoints.chat_content import check_part, content_text
 from aioinfer.entrypoints.openai.structured import StructuredFields
 from aioinfer.entrypoints.openai.tool_calls import ToolCall, ToolFields
 
-_LOGPROBS_MAX = 20  # SamplingParams' cap; -1 (the whole vocabulary) where vLLM takes it too
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -82,7 +79,8 @@ class _SamplingFields(_Strict, StructuredFields):
     # None: the server's --return-tokens-as-token-ids
     return_tokens_as_token_ids: Optional[bool] = None
     # vLLM: top-N logprobs of every prompt token (given the tokens before it); -1: the whole vocabulary
-    prompt_logprobs: Optional[int] = Field(default=None, ge=-1, le=_LOGPROBS_MAX)
+    # Logprob counts are capped by the engine's max_logprobs (--max-logprobs; sampling.check_logprobs_cap)
+    prompt_logprobs: Optional[int] = Field(default=None, ge=-1)
     # vLLM: the generated token ids on each choice, and the prompt's (completions: on the choice; chat:
     # on the response); streams: each chunk's new ids, the prompt's on the first chunk
     return_token_ids: Optional[bool] = None
@@ -118,7 +116,7 @@ class _SamplingFields(_Strict, StructuredFields):
 class CompletionRequest(_SamplingFields):
     prompt: Any  # str | list[str] | list[int] | list[list[int]], checked below for a clear message
     max_tokens: Optional[int] = Field(default=16, ge=1)  # OpenAI's and vLLM's default for completions
-    logprobs: Optional[int] = Field(default=None, ge=0, le=_LOGPROBS_MAX)
+    logprobs: Optional[int] = Field(default=None, ge=0)
     echo: bool = False
     suffix: Optional[str] = None  # accepted only to say it is unsupported
     best_of: Optional[int] = Field(default=None, ge=1)
@@ -179,7 +177,7 @@ class ChatCompletionRequest(_SamplingFields, ToolFields):
     max_tokens: Optional[int] = Field(default=None, ge=1)  # deprecated alias of max_completion_tokens
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)  # None: the rest of the context
     logprobs: Annotated[bool, BeforeValidator(_json_bool_string)] = False
-    top_logprobs: Optional[int] = Field(default=None, ge=-1, le=_LOGPROBS_MAX)  # -1: the whole vocabulary (vLLM)
+    top_logprobs: Optional[int] = Field(default=None, ge=-1)  # -1: the whole vocabulary (vLLM)
     add_generation_prompt: bool = True
     # vLLM: the last (assistant) message left open, so the reply continues it
     continue_final_message: bool = False

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Optional
 from aioinfer.entrypoints.openai.errors import APIError, bad_request
 from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from aioinfer.entrypoints.openai.structured import structured_outputs_of
-from aioinfer.sampling_params import SamplingParams
+from aioinfer.sampling_params import LogprobsCapExceeded, SamplingParams
 
 # Fields whose default, when the request leaves them out, may come from the model's
 # generation_config.json (vLLM's `--generation-config auto`); otherwise OpenAI's defaults apply.
@@ -95,6 +95,16 @@ def _constraint(req: _SamplingFields, tool_constraint):
         raise bad_request("a required or named tool_choice constrains the output already; drop response_format "
                           "(or the structured_outputs / guided_* field)", param="tool_choice")
     return tool_constraint
+
+
+def check_logprobs_cap(params: SamplingParams, engine, sample_param: str = "logprobs") -> None:
+    """400 naming the request's field when it asks for more logprobs a position than the engine's
+    ``max_logprobs`` (``--max-logprobs``; the engine checks again at admission). ``sample_param``:
+    the field that asked for the sampled tokens' (chat: ``top_logprobs``)."""
+    try:
+        params.validate_logprobs_cap(engine.max_logprobs, engine.vocab_size)
+    except LogprobsCapExceeded as exc:
+        raise bad_request(str(exc), param=sample_param if exc.field == "logprobs" else exc.field) from None
 
 
 def choice_params(base: SamplingParams, index: int) -> SamplingParams:

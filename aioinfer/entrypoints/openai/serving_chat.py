@@ -11,7 +11,7 @@ from aioinfer.entrypoints.openai.errors import bad_request, from_engine_error
 from aioinfer.entrypoints.openai.fanout import ChoiceSpec, ChoiceStreams
 from aioinfer.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs_json
 from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
-from aioinfer.entrypoints.openai.sampling import chat_params, choice_params
+from aioinfer.entrypoints.openai.sampling import chat_params, check_logprobs_cap, choice_params
 from aioinfer.entrypoints.openai.server_state import ServerState
 from aioinfer.entrypoints.chat_tools import render_with_tools
 from aioinfer.entrypoints.openai.tool_calls import ToolPlan, tool_plan
@@ -37,6 +37,7 @@ async def create_chat_completion(state: ServerState, body: bytes, client_id: Opt
     engine = engine_for(state, req)
     plan = tool_plan(req)
     base = chat_params(req, state.model_defaults(), tool_constraint=plan.constraint if plan else None)
+    check_logprobs_cap(base, engine, sample_param="top_logprobs")
     try:
         options = req.template_options()
     except ValueError as exc:

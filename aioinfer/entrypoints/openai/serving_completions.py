@@ -11,7 +11,7 @@ from aioinfer.entrypoints.openai.errors import bad_request, from_engine_error
 from aioinfer.entrypoints.openai.fanout import ChoiceSpec, ChoiceStreams
 from aioinfer.entrypoints.openai.logprobs import CompletionLogprobs, merge_completion_logprobs, prompt_logprobs_json
 from aioinfer.entrypoints.openai.protocol import CompletionRequest
-from aioinfer.entrypoints.openai.sampling import choice_params, completion_params
+from aioinfer.entrypoints.openai.sampling import check_logprobs_cap, choice_params, completion_params
 from aioinfer.entrypoints.openai.server_state import ServerState
 from aioinfer.entrypoints.openai.serving_common import (
     ChoiceResult,
@@ -35,6 +35,7 @@ async def create_completion(state: ServerState, body: bytes, client_id: Optional
     prompts = [req.prompt] if isinstance(req.prompt, str) or isinstance(req.prompt[0], int) else req.prompt
     engine = engine_for(state, req, len(prompts))
     base = completion_params(req, state.model_defaults())
+    check_logprobs_cap(base, engine)
     prompt_ids = [_tokenize(engine, p, req.add_special_tokens) for p in prompts]
     echoes = [_echo_text(engine, p, ids) if req.echo else "" for p, ids in zip(prompts, prompt_ids)]
 

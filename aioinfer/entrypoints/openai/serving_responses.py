@@ -22,7 +22,7 @@ from aioinfer.entrypoints.openai.fanout import ChoiceSpec, ChoiceStreams
 from aioinfer.entrypoints.openai.logprobs import chat_logprobs
 from aioinfer.entrypoints.openai.responses_events import ResponseEvents
 from aioinfer.entrypoints.openai.responses_protocol import ResponsesRequest, responses_param, to_chat_request
-from aioinfer.entrypoints.openai.sampling import chat_params, choice_params
+from aioinfer.entrypoints.openai.sampling import chat_params, check_logprobs_cap, choice_params
 from aioinfer.entrypoints.openai.server_state import ServerState
 from aioinfer.entrypoints.openai.serving_chat import apply_chat_template
 from aioinfer.entrypoints.openai.serving_common import (
@@ -53,6 +53,7 @@ async def create_response(state: ServerState, body: bytes, client_id: Optional[s
             raise bad_request("a required or named tool_choice constrains the output already; drop text.format",
                               param="tool_choice")
         params = chat_params(chat, state.model_defaults(), tool_constraint=plan.constraint if plan else None)
+        check_logprobs_cap(params, engine, sample_param="top_logprobs")
         prompt_ids = apply_chat_template(engine, chat.messages, tools=plan.tools if plan else None,
                                          chat_template=state.chat_template, **chat.template_options())
     except APIError as exc:

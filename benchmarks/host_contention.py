@@ -20,12 +20,17 @@ Each background call holds no GIL for milliseconds, so that the main thread seld
 Per mode: the main thread's ms per scheduler step (median of the repeats). If ``hash`` slows it as
 much as ``masks``, the cores themselves are shared (hyperthreads of the host under the VM, or the
 clock falling with load); if only ``copy`` and ``masks`` do, it is the caches and memory bandwidth.
+
+``--topology`` tells those two apart: the main thread pinned to CPU 0 beside one ``hash`` thread
+pinned to each other CPU in turn (a hyperthread sibling of CPU 0 stands out), then beside ``hash``
+threads on CPUs 1..n for growing n (a clock that falls with load slows it step by step).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import statistics
 import threading
 from typing import Any, Callable
@@ -41,6 +46,48 @@ MODES = ("none", "hash", "copy", "masks")
 def _hash_load(stop: threading.Event) -> None:
     while not stop.is_set():
         hashlib.pbkdf2_hmac("sha256", b"password", b"salt", 50_000)
+
+
+def _pinned(load: Callable[[threading.Event], None], cpu: int) -> Callable[[threading.Event], None]:
+    def run(stop: threading.Event) -> None:
+        os.sched_setaffinity(0, {cpu})  # this thread only (Linux: 0 is the calling thread)
+        load(stop)
+    return run
+
+
+def _beside(loads: list[Callable[[threading.Event], None]], num_blocks: int, seed: int) -> float:
+    """The scheduler's ms per step while ``loads`` run, one thread each."""
+    stop = threading.Event()
+    workers = [threading.Thread(target=load, args=(stop,), daemon=True) for load in loads]
+    for worker in workers:
+        worker.start()
+    try:
+        return run_once(False, 1, seed, num_blocks)["ms_per_step"]
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+
+
+def topology(num_blocks: int) -> dict[str, Any]:
+    """Main thread on CPU 0; one hash thread on each other CPU in turn; then hash threads on 1..n."""
+    cpus = sorted(os.sched_getaffinity(0))
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpus[0]})
+    try:
+        alone = [_beside([], num_blocks, 0) for _ in range(2)]
+        beside_one = {cpu: _beside([_pinned(_hash_load, cpu)], num_blocks, 0) for cpu in cpus[1:]}
+        counts = [n for n in (1, 2, 4, 8, 12, len(cpus) - 1) if n < len(cpus)]
+        beside_many = {n: _beside([_pinned(_hash_load, cpu) for cpu in cpus[1:1 + n]], num_blocks, 0)
+                       for n in sorted(set(counts))}
+        alone.append(_beside([], num_blocks, 0))
+    finally:
+        os.sched_setaffinity(0, saved)
+    base = statistics.median(alone)
+    print(f"topology: main thread on CPU {cpus[0]} alone {base:.3f} ms/step ({', '.join(f'{a:.3f}' for a in alone)})")
+    print("  beside one hash thread on CPU: " + ", ".join(f"{c}: {v / base:.2f}x" for c, v in beside_one.items()))
+    print("  beside hash threads on CPUs 1..n: " + ", ".join(f"n={n}: {v / base:.2f}x" for n, v in beside_many.items()))
+    return {"alone_ms_per_step": alone, "beside_one_cpu": beside_one, "beside_n_cpus": beside_many}
 
 
 def _copy_load(stop: threading.Event) -> None:
@@ -84,6 +131,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=12, help="background threads (the masks mode: llguidance's)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--num-blocks", type=int, default=20000)
+    p.add_argument("--topology", action="store_true", help="also: which CPUs slow CPU 0 (see above)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
@@ -107,8 +155,10 @@ def main() -> None:
                     worker.join()
             print(f"{mode:6s} repeat {repeat}: {runs[mode][-1]:.3f} ms/step", flush=True)
     median = {mode: statistics.median(values) for mode, values in runs.items()}
+    placed = topology(args.num_blocks) if args.topology else None
     dump(args.out, {"benchmark": "host_contention (scheduler steps beside background threads)",
-                    "environment": environment(), "runs": runs, "median_ms_per_step": median, "argv": vars(args)})
+                    "environment": environment(), "runs": runs, "median_ms_per_step": median,
+                    "topology": placed, "argv": vars(args)})
     print()
     print(format_table(["background", "scheduler ms/step (median)", "slowdown"],
                        [[mode, median[mode], f"{median[mode] / median['none']:.2f}x"] for mode in MODES]))

@@ -62,6 +62,7 @@ def run(args) -> dict[str, Any]:
         params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.0,
                                  structured_outputs=constraint if constrained else None) for r in requests]
         fill_s, fills, steps = masks.fill_seconds, masks.num_fills, engine.num_steps
+        copy_start_s, wait_s = masks.copy_start_seconds, masks.wait_seconds
         _sync(device)
         cpu, start = time.thread_time(), time.perf_counter()
         outs = llm.generate([r.prompt for r in requests], params, use_tqdm=False, cache_salt=fresh_cache_salt())
@@ -72,7 +73,11 @@ def run(args) -> dict[str, Any]:
         return {"tok_per_s": tokens / seconds, "tokens": tokens, "steps": steps,
                 "ms_per_step": 1e3 * seconds / steps, "engine_cpu_ms_per_step": 1e3 * cpu / steps,
                 "worker_ms_per_step": (1e3 * (masks.fill_seconds - fill_s) / (masks.num_fills - fills)
-                                       if masks.num_fills > fills else 0.0)}
+                                       if masks.num_fills > fills else 0.0),
+                # of the worker's time, from masks filled to their copy started (waiting for the GIL)
+                "copy_start_ms_per_step": (1e3 * (masks.copy_start_seconds - copy_start_s) / (masks.num_fills - fills)
+                                           if masks.num_fills > fills else 0.0),
+                "engine_wait_ms_per_step": 1e3 * (masks.wait_seconds - wait_s) / steps}
 
     warm = workload1(num_requests=4, seed=1, max_input_len=200, max_output_len=110, max_token_id=500)
     timed(warm, False), timed(warm, True)
@@ -103,6 +108,8 @@ def run(args) -> dict[str, Any]:
         summary[form] = {"ratio_median": statistics.median(ratios), "ratios": [round(x, 3) for x in ratios],
                          "tok_per_s_median": statistics.median(r["tok_per_s"] for r in mine),
                          "worker_ms_per_step": statistics.median(r["worker_ms_per_step"] for r in mine),
+                         "copy_start_ms_per_step": statistics.median(r["copy_start_ms_per_step"] for r in mine),
+                         "engine_wait_ms_per_step": statistics.median(r["engine_wait_ms_per_step"] for r in mine),
                          "engine_cpu_ms_per_step": statistics.median(r["engine_cpu_ms_per_step"] for r in mine),
                          "ms_per_step": statistics.median(r["ms_per_step"] for r in mine)}
     free = [r for r in runs if r["form"] == "free"]
@@ -120,7 +127,8 @@ def run(args) -> dict[str, Any]:
 def _line(r: dict[str, Any]) -> str:
     return (f"round {r['round']} {r['form']:>14}: {r['tok_per_s']:9,.0f} tok/s  {r['steps']:5d} steps  "
             f"{r['ms_per_step']:.3f} ms/step  engine cpu {r['engine_cpu_ms_per_step']:.3f}  "
-            f"worker {r['worker_ms_per_step']:.3f} ms/step")
+            f"worker {r['worker_ms_per_step']:.3f} (copy start {r['copy_start_ms_per_step']:.3f}) "
+            f"engine wait {r['engine_wait_ms_per_step']:.3f} ms/step")
 
 
 def _sync(device: str) -> None:

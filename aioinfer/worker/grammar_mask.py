@@ -91,7 +91,11 @@ class GrammarMasks:
         self._thread: Optional[ThreadPoolExecutor] = None  # for ``start``, made at first use
         self._copy_stream = None  # the masks' host-to-device copies (``_copy_to_device``), made at first use
         self._group = None  # tensor parallelism (``share_over``): rank 0 sends the masks, the others receive
-        self.fill_seconds = 0.0  # host time spent filling masks, for benchmarks
+        # For benchmarks: the worker's time a step (advance, masks, starting their copy), of it the time
+        # from masks filled to copy started, and the engine thread's wait for the masks at sampling.
+        self.fill_seconds = 0.0
+        self.copy_start_seconds = 0.0
+        self.wait_seconds = 0.0
         self.num_fills = 0
 
     def share_over(self, group) -> None:
@@ -177,12 +181,14 @@ class GrammarMasks:
         return torch.full((num_rows, self.num_words), -1, dtype=torch.int32, pin_memory=pinned)
 
     def start(self, pending: Optional[PendingMask], live: Sequence[tuple[object, int]] = ()) -> None:
-        """``advance`` by ``live`` (the tokens just collected), then compute ``pending``'s masks,
-        in the worker thread while the caller goes on (llguidance works in its own threads, without
-        the GIL). The worker needs the GIL twice on the way: to start, and between the two calls into
-        llguidance; the engine thread, busy in Python meanwhile, would give it up only at its next
-        blocking call or after the interpreter's switch interval (5 ms), so the masks waited for the
-        engine thread's work (``_HANDOFF``: a short switch interval until the worker is in the masks)."""
+        """``advance`` by ``live`` (the tokens just collected), then compute ``pending``'s masks and
+        start their copy, in the worker thread while the caller goes on (llguidance works in its own
+        threads, without the GIL). The worker needs the GIL three times on the way: to start, between
+        the two calls into llguidance, and after the masks to start their copy; the engine thread,
+        busy in Python meanwhile, would give it up only at its next blocking call or after the
+        interpreter's switch interval (5 ms), so the masks waited for the engine thread's work
+        (``_HANDOFF``: a short switch interval until the copy is started; it costs nothing while the
+        worker is inside llguidance, since only a thread waiting for the GIL asks for it)."""
         if pending is None:
             self.advance(live)
             return
@@ -209,7 +215,9 @@ class GrammarMasks:
                 self._llg_executor()
                 self._compute(pending)
             else:
+                waited = time.perf_counter()
                 pending.future.result()
+                self.wait_seconds += time.perf_counter() - waited
             if pending.copied is not None:
                 compute = torch.cuda.current_stream(self.device)
                 compute.wait_event(pending.copied)
@@ -243,17 +251,20 @@ class GrammarMasks:
         row_bytes, num_rows = self.num_words * 4, host.shape[0]
         try:
             self._consume(live)
+            if pending.plain:
+                self._executor.unsafe_compute_mask_ptr(pending.plain, host.data_ptr(), row_bytes, num_rows)
+            if pending.with_drafts:
+                self._executor.unsafe_compute_mask_ptr_with_draft_token(pending.with_drafts, host.data_ptr(),
+                                                                        row_bytes, num_rows)
+            filled = time.perf_counter()
+            if self.device.type == "cuda":
+                self._copy_to_device(pending)
         finally:
-            if handoff:  # the GIL is not needed again before the masks are done
+            if handoff:  # the GIL is not needed again before the next step's masks
                 _HANDOFF.exit()
-        if pending.plain:
-            self._executor.unsafe_compute_mask_ptr(pending.plain, host.data_ptr(), row_bytes, num_rows)
-        if pending.with_drafts:
-            self._executor.unsafe_compute_mask_ptr_with_draft_token(pending.with_drafts, host.data_ptr(),
-                                                                    row_bytes, num_rows)
-        if self.device.type == "cuda":
-            self._copy_to_device(pending)
-        self.fill_seconds += time.perf_counter() - started
+        done = time.perf_counter()
+        self.fill_seconds += done - started
+        self.copy_start_seconds += done - filled
         self.num_fills += 1
 
     def apply(self, logits: torch.Tensor, mask: StepMask) -> torch.Tensor:

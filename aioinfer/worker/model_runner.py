@@ -206,7 +206,8 @@ class ModelRunner:
             launched.logits = logits
             launched.pending_mask = self.grammar_masks.plan(states, tokens_known=False)
             launched.metadata = SamplingMetadata.build(states, logits.shape[1], self.device)
-            self._last_sampled = (None, {rid: row for row, rid in enumerate(launched.request_ids)})
+            launched.sampled_rows = {rid: row for row, rid in enumerate(launched.request_ids)}
+            self._last_sampled = (None, launched.sampled_rows)
             self.num_deferred_steps += 1
             return launched
         # Structured outputs: the masks are computed here, with the forward already enqueued.
@@ -241,10 +242,15 @@ class ModelRunner:
         for state in states:
             state.num_pending_tokens += 1
         # No step is launched ahead of one with drafts (the engine waits for its accepted tokens), so
-        # its sampled rows are never anyone's placeholder input.
-        self._last_sampled = ((result.sampled_token_ids,
-                               {rid: row for row, rid in enumerate(launched.request_ids)})
-                              if drafts is None else (None, {}))
+        # its sampled rows are never anyone's placeholder input. A step whose masks were deferred
+        # made its row map at launch (the step ahead's inputs were prepared with it): reused here.
+        if drafts is not None:
+            self._last_sampled = (None, {})
+        else:
+            rows = launched.sampled_rows
+            if rows is None:
+                rows = {rid: row for row, rid in enumerate(launched.request_ids)}
+            self._last_sampled = (result.sampled_token_ids, rows)
         launched.result, launched.ready = _copy_to_host(result)
 
     def collect(self, launched: "_Launched", masks_of: Optional["_Launched"] = None) -> RunnerOutput:
@@ -328,6 +334,7 @@ class _Launched:
     grammar_states: Sequence[int] = ()  # indices of ``states`` whose matcher takes the sampled tokens
     logits: Optional[torch.Tensor] = None  # launched with deferred masks: not sampled yet (``finish``)
     pending_mask: Optional["PendingMask"] = None  # its masks, planned; filling from ``collect(..., masks_of=)``
+    sampled_rows: Optional[dict] = None  # request id -> row, made at launch when sampling is deferred
     metadata: Optional[SamplingMetadata] = None  # its sampling tensors, built at launch
     prompt_logprobs: Optional[PendingPromptLogprobs] = None  # its prompt-logprob rows, copying to the host
 

@@ -62,7 +62,7 @@ def run(args) -> dict[str, Any]:
         params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.0,
                                  structured_outputs=constraint if constrained else None) for r in requests]
         fill_s, fills, steps = masks.fill_seconds, masks.num_fills, engine.num_steps
-        copy_start_s, wait_s = masks.copy_start_seconds, masks.wait_seconds
+        copy_start_s, wait_s, rejected = masks.copy_start_seconds, masks.wait_seconds, masks.num_rejected
         _sync(device)
         cpu, start = time.thread_time(), time.perf_counter()
         outs = llm.generate([r.prompt for r in requests], params, use_tqdm=False, cache_salt=fresh_cache_salt())
@@ -74,10 +74,11 @@ def run(args) -> dict[str, Any]:
                 "ms_per_step": 1e3 * seconds / steps, "engine_cpu_ms_per_step": 1e3 * cpu / steps,
                 "worker_ms_per_step": (1e3 * (masks.fill_seconds - fill_s) / (masks.num_fills - fills)
                                        if masks.num_fills > fills else 0.0),
-                # of the worker's time, from masks filled to their copy started (waiting for the GIL)
+                # from masks computed to their copy started (the engine thread's poll; 280aae6: the worker waiting for the GIL)
                 "copy_start_ms_per_step": (1e3 * (masks.copy_start_seconds - copy_start_s) / (masks.num_fills - fills)
                                            if masks.num_fills > fills else 0.0),
-                "engine_wait_ms_per_step": 1e3 * (masks.wait_seconds - wait_s) / steps}
+                "engine_wait_ms_per_step": 1e3 * (masks.wait_seconds - wait_s) / steps,
+                "rejected_tokens": masks.num_rejected - rejected}  # 0 unless a mask was wrong
 
     warm = workload1(num_requests=4, seed=1, max_input_len=200, max_output_len=110, max_token_id=500)
     timed(warm, False), timed(warm, True)
@@ -111,7 +112,8 @@ def run(args) -> dict[str, Any]:
                          "copy_start_ms_per_step": statistics.median(r["copy_start_ms_per_step"] for r in mine),
                          "engine_wait_ms_per_step": statistics.median(r["engine_wait_ms_per_step"] for r in mine),
                          "engine_cpu_ms_per_step": statistics.median(r["engine_cpu_ms_per_step"] for r in mine),
-                         "ms_per_step": statistics.median(r["ms_per_step"] for r in mine)}
+                         "ms_per_step": statistics.median(r["ms_per_step"] for r in mine),
+                         "rejected_tokens": sum(r["rejected_tokens"] for r in mine)}
     free = [r for r in runs if r["form"] == "free"]
     summary["free"] = {"tok_per_s_median": statistics.median(r["tok_per_s"] for r in free),
                        "engine_cpu_ms_per_step": statistics.median(r["engine_cpu_ms_per_step"] for r in free),

@@ -1,5 +1,6 @@
-"""CUDA: the masks' host-to-device copy, started by the grammar worker on a stream of its own
-(worker/grammar_mask.py ``_copy_to_device``), is waited for before sampling. Steps scheduled ahead
+"""CUDA: the masks' host-to-device copy, started by the engine thread on a stream of its own once the
+grammar worker has computed them (worker/grammar_mask.py ``poll``, ``_copy_to_device``), is waited
+for before sampling. Steps scheduled ahead
 (async scheduling, masks deferred to the worker) must give every constrained request the same greedy
 tokens as lockstep steps (masks filled at launch), and every token must be one the grammar accepts:
 a mask read before its copy landed would let a disallowed token through."""

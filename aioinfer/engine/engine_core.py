@@ -119,6 +119,8 @@ class EngineCore:
         masks_of = None  # the step ahead, launched with its masks deferred (a grammar runs)
         if ahead is not None and self._grammars_alive():
             # Its inputs first: that host work then overlaps the masks of ``launched`` being filled.
+            if self._deferred:
+                self.runner.poll_masks(launched)
             prepared = self.runner.prepare(ahead)
             self._finish_deferred(launched)
             masks_of = self.runner.run(prepared, defer_masks=True)
@@ -132,7 +134,10 @@ class EngineCore:
         self.num_steps += 1
         if self.async_scheduling and self.scheduler.draft_policy is not None:
             self._time_step(scheduler_output, runner_output, lockstep)
-        return scheduler_output, runner_output, self.scheduler.update(scheduler_output, runner_output)
+        outputs = self.scheduler.update(scheduler_output, runner_output)
+        if masks_of is not None:
+            self.runner.poll_masks(masks_of)  # computed meanwhile: their copy starts beside the forward
+        return scheduler_output, runner_output, outputs
 
     def _finish_deferred(self, launched) -> None:
         """``launched`` went ahead with deferred masks, filling since its predecessor was collected

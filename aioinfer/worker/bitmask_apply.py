@@ -76,9 +76,21 @@ def apply_bitmask_triton(logits: torch.Tensor, bits: torch.Tensor, rows: Optiona
     return logits
 
 
+_BIT_VALUES: dict = {}
+
+
+def _bit_values(device: torch.device) -> torch.Tensor:
+    """[32] int32: 1 << j, made once a device (a host-to-device copy each call cost more than the ops)."""
+    values = _BIT_VALUES.get(device)
+    if values is None:
+        values = _BIT_VALUES[device] = torch.from_numpy(
+            (np.uint32(1) << np.arange(32, dtype=np.uint32)).view(np.int32)).to(device)
+    return values
+
+
 def apply_bitmask_torch(logits: torch.Tensor, bits: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
     """The same in torch ops on the logits' device (CUDA without Triton)."""
-    bit_values = torch.from_numpy((np.uint32(1) << np.arange(32, dtype=np.uint32)).view(np.int32)).to(logits.device)
+    bit_values = _bit_values(logits.device)
     disallowed = ((bits.unsqueeze(-1) & bit_values) == 0).view(bits.shape[0], -1)[:, :logits.shape[1]]  # [G, V]
     if rows is None:
         return logits.masked_fill_(disallowed, float("-inf"))

@@ -4,10 +4,11 @@ In lockstep the model runner calls ``fill`` after it has enqueued the step's for
 computes the masks (llguidance, in its own threads without the GIL) while the device computes the
 logits. Under async scheduling a step is launched before the previous step's tokens are on the host:
 its forward is enqueued at once and its masks planned (``plan``); once those tokens are collected the
-matchers take them (``advance``) and a worker thread computes the masks (``start``) while the engine
-handles the collected step, schedules the next and prepares its inputs; the step is sampled
-(``finish_fill``, ``apply``) just before the next one is launched. One pinned host-to-device copy
-carries the masks, and ``apply`` sets every disallowed logit to -inf on the device before the sampler
+matchers take them and a worker thread computes the masks (``start``; grammar_worker.py) while the
+engine handles the collected step, schedules the next and prepares its inputs, asking between those
+tasks whether the masks are ready (``poll``: then it starts their copy, beside the forward); the step
+is sampled (``finish_fill``, ``apply``) just before the next one is launched. One pinned
+host-to-device copy carries the masks, and ``apply`` sets every disallowed logit to -inf on the device before the sampler
 sees them (so logprobs are those of the masked distribution, as in vLLM). A request with drafts has
 one mask per row: the mask after each draft, computed by advancing its matcher through the drafts
 and back (llguidance stops at a draft the grammar rejects; the rows after it are discarded by
@@ -24,16 +25,14 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
 from aioinfer.worker.bitmask_apply import apply_bitmask
+from aioinfer.worker.grammar_worker import HANDOFF, GrammarWorker, MaskJob
 from aioinfer.worker.sampling_metadata import SamplingRow, host_to_device
 
 logger = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ class StepMask:
 @dataclass(slots=True)
 class PendingMask:
     """A step's masks, planned when it is launched and computed into ``host`` (pinned on CUDA) once
-    the tokens before them are known; ``future``: the worker thread's job, once started."""
+    the tokens before them are known."""
 
     host: Optional[torch.Tensor]  # [G, W] int32; None on a rank that receives the masks
     rows: list[int]
@@ -77,8 +76,8 @@ class PendingMask:
     grammar_states: list[int]
     plain: list  # (matcher, its mask row) of the requests without drafts
     with_drafts: list  # (matcher, its first mask row, its drafts) of those with drafts
-    future: Optional[Future] = None
-    bits: Optional[torch.Tensor] = None  # on the device, once ``copied`` (CUDA: its copy started by ``_compute``)
+    job: Optional[MaskJob] = None  # the worker's, once started
+    bits: Optional[torch.Tensor] = None  # on the device, once ``copied`` (CUDA: its copy started by ``poll``)
     copied: Optional[torch.cuda.Event] = None
 
 
@@ -87,16 +86,19 @@ class GrammarMasks:
         self.vocab_size = vocab_size
         self.num_words = (vocab_size + 31) // 32
         self.device = device
-        self._executor = None  # llguidance.LLExecutor, made at first use
-        self._thread: Optional[ThreadPoolExecutor] = None  # for ``start``, made at first use
+        self._worker: Optional[GrammarWorker] = None  # its thread and llguidance's executor, made at first use
+        # The CPUs llguidance's threads may use: the process's now, before a ``host_cpu`` engine
+        # thread is pinned to one of them (host_cpu.py).
+        self._cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
         self._copy_stream = None  # the masks' host-to-device copies (``_copy_to_device``), made at first use
         self._group = None  # tensor parallelism (``share_over``): rank 0 sends the masks, the others receive
-        # For benchmarks: the worker's time a step (advance, masks, starting their copy), of it the time
-        # from masks filled to copy started, and the engine thread's wait for the masks at sampling.
+        # For benchmarks: the worker's time a step (advance, masks), the time from masks computed to
+        # their copy started, and the engine thread's wait for the masks at sampling.
         self.fill_seconds = 0.0
         self.copy_start_seconds = 0.0
         self.wait_seconds = 0.0
         self.num_fills = 0
+        self.num_rejected = 0  # sampled tokens a matcher refused: always 0 unless the masks are wrong
 
     def share_over(self, group) -> None:
         """Tensor parallelism: every step's masks go from rank 0 to the group's other ranks."""
@@ -118,18 +120,22 @@ class GrammarMasks:
             return
         accepted = self._llg_executor().consume_token_par(live)
         if not all(accepted):
-            for (matcher, token_id), ok in zip(live, accepted):
-                if not ok:
-                    logger.error("structured outputs: the grammar rejected sampled token %d: %s", token_id,
-                                 matcher.get_error())
+            self.num_rejected += _log_rejected(live, accepted)
 
     def _llg_executor(self):
-        if self._executor is None:
-            import llguidance
+        return self._grammar_worker().executor
 
+    def _grammar_worker(self) -> GrammarWorker:
+        if self._worker is None:
             threads = os.environ.get("AIOINFER_GRAMMAR_THREADS")
-            self._executor = llguidance.LLExecutor(int(threads) if threads else None)
-        return self._executor
+            self._worker = GrammarWorker(int(threads) if threads else None, self._cpus, HANDOFF)
+        return self._worker
+
+    def close(self) -> None:
+        """End the worker thread (idempotent; a dropped GrammarMasks ends it too)."""
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
 
     def fill(self, states: Sequence[SamplingRow], drafts: Optional[Sequence[list[int]]]) -> Optional[StepMask]:
         """Masks for the rows of requests with a grammar, or None when the step has none."""
@@ -181,26 +187,26 @@ class GrammarMasks:
         return torch.full((num_rows, self.num_words), -1, dtype=torch.int32, pin_memory=pinned)
 
     def start(self, pending: Optional[PendingMask], live: Sequence[tuple[object, int]] = ()) -> None:
-        """``advance`` by ``live`` (the tokens just collected), then compute ``pending``'s masks and
-        start their copy, in the worker thread while the caller goes on (llguidance works in its own
-        threads, without the GIL). The worker needs the GIL three times on the way: to start, between
-        the two calls into llguidance, and after the masks to start their copy; the engine thread,
-        busy in Python meanwhile, would give it up only at its next blocking call or after the
-        interpreter's switch interval (5 ms), so the masks waited for the engine thread's work
-        (``_HANDOFF``: a short switch interval until the copy is started; it costs nothing while the
-        worker is inside llguidance, since only a thread waiting for the GIL asks for it)."""
+        """``advance`` by ``live`` (the tokens just collected), then compute ``pending``'s masks, in
+        the worker thread while the caller goes on (grammar_worker.py: it only calls llguidance);
+        ``poll`` and ``finish_fill`` start their copy to the device once they are computed."""
         if pending is None:
             self.advance(live)
             return
-        self._llg_executor()
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="aioinfer-grammar")
-        _HANDOFF.enter()
-        try:
-            pending.future = self._thread.submit(self._compute, pending, live, True)
-        except BaseException:
-            _HANDOFF.exit()
-            raise
+        worker = self._grammar_worker()
+        host = pending.host
+        pending.job = MaskJob(live, pending.plain, pending.with_drafts, host.data_ptr(), self.num_words * 4,
+                              host.shape[0])
+        worker.submit(pending.job)
+
+    def poll(self, pending: Optional[PendingMask]) -> None:
+        """Start the copy of ``pending``'s masks if the worker has computed them (never waits): the
+        engine thread calls this between its host tasks, so that the copy runs while the step's
+        forward still computes."""
+        if (pending is not None and pending.job is not None and pending.copied is None
+                and self.device.type == "cuda" and pending.job.is_done()):
+            self._take_job(pending)
+            self._copy_to_device(pending)
 
     def finish_fill(self, pending: Optional[PendingMask]) -> Optional[StepMask]:
         """The masks of ``pending`` on the device (one copy from pinned memory), computed here if no
@@ -211,61 +217,58 @@ class GrammarMasks:
             bits = torch.empty((len(pending.rows), self.num_words), dtype=torch.int32, device=self.device)
             self._group.broadcast_tensor(bits)
         else:
-            if pending.future is None:
-                self._llg_executor()
+            if pending.job is None:
                 self._compute(pending)
-            else:
+            elif pending.copied is None:
                 waited = time.perf_counter()
-                pending.future.result()
+                pending.job.wait()
                 self.wait_seconds += time.perf_counter() - waited
+                self._take_job(pending)
             if pending.copied is not None:
                 compute = torch.cuda.current_stream(self.device)
                 compute.wait_event(pending.copied)
                 bits = pending.bits
                 bits.record_stream(compute)  # its memory is not reused before the sampling has read it
-            else:  # the CPU (or a copy not started: then on the compute stream, after the forward)
+            else:  # the CPU (or masks computed here: then copied on the compute stream, after the forward)
                 bits = pending.host.to(self.device, non_blocking=True) if self.device.type == "cuda" else pending.host
             if self._group is not None:
                 self._group.broadcast_tensor(bits)
         index = None if len(pending.rows) == pending.num_rows else host_to_device(pending.rows, torch.int64, self.device)
         return StepMask(bits, index, pending.grammar_states)
 
+    def _take_job(self, pending: PendingMask) -> None:
+        """The worker is done with ``pending``'s job: its timings counted, its errors raised or logged."""
+        job = pending.job
+        job.wait()
+        if job.rejected is not None:
+            self.num_rejected += _log_rejected(job.live, job.rejected)
+        self.fill_seconds += job.finished - job.started
+        self.copy_start_seconds += time.perf_counter() - job.finished
+        self.num_fills += 1
+
     def _copy_to_device(self, pending: PendingMask) -> None:
         """Start the masks' one host-to-device copy (4.9 MB at 256 rows of Qwen2.5's vocabulary: about
-        0.25 ms of the H200's copy engine) as soon as they are computed, on a stream of its own: it
-        then runs while the step's forward still computes, instead of after it on the compute
-        stream, where it held up every constrained step's sampling. ``finish_fill`` makes the
-        compute stream wait for it."""
+        0.25 ms of the H200's copy engine) on a stream of its own: it then runs while the step's
+        forward still computes, instead of after it on the compute stream, where it held up every
+        constrained step's sampling. ``finish_fill`` makes the compute stream wait for it."""
         if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(self.device)
-        with torch.cuda.device(self.device), torch.cuda.stream(self._copy_stream):
+        with torch.cuda.stream(self._copy_stream):  # made on the stream that writes it
             pending.bits = pending.host.to(self.device, non_blocking=True)
             pending.copied = torch.cuda.Event()
             pending.copied.record(self._copy_stream)
 
-    def _compute(self, pending: PendingMask, live: Sequence = (), handoff: bool = False) -> None:
-        started = time.perf_counter()
+    def _compute(self, pending: PendingMask) -> None:
+        """The masks computed on the calling thread (lockstep: the step's forward is already enqueued)."""
         # The executor writes row k of the mask at data_ptr + k * row bytes (llguidance.torch's helpers
         # do the same, but importing that module costs seconds: it compiles a kernel with torch.compile).
+        executor = self._llg_executor()
         host = pending.host
         row_bytes, num_rows = self.num_words * 4, host.shape[0]
-        try:
-            self._consume(live)
-            if pending.plain:
-                self._executor.unsafe_compute_mask_ptr(pending.plain, host.data_ptr(), row_bytes, num_rows)
-            if pending.with_drafts:
-                self._executor.unsafe_compute_mask_ptr_with_draft_token(pending.with_drafts, host.data_ptr(),
-                                                                        row_bytes, num_rows)
-            filled = time.perf_counter()
-            if self.device.type == "cuda":
-                self._copy_to_device(pending)
-        finally:
-            if handoff:  # the GIL is not needed again before the next step's masks
-                _HANDOFF.exit()
-        done = time.perf_counter()
-        self.fill_seconds += done - started
-        self.copy_start_seconds += done - filled
-        self.num_fills += 1
+        if pending.plain:
+            executor.unsafe_compute_mask_ptr(pending.plain, host.data_ptr(), row_bytes, num_rows)
+        if pending.with_drafts:
+            executor.unsafe_compute_mask_ptr_with_draft_token(pending.with_drafts, host.data_ptr(), row_bytes, num_rows)
 
     def apply(self, logits: torch.Tensor, mask: StepMask) -> torch.Tensor:
         """Disallowed tokens' logits to -inf, in place ([N, V]; the rows without a grammar unchanged)."""
@@ -278,30 +281,11 @@ def live_tokens(states: Sequence[SamplingRow], token_ids: Sequence[int], indices
     return [(grammar, token_ids[i]) for i in indices if not (grammar := states[i].grammar).is_stopped()]
 
 
-class _ShortSwitchInterval:
-    """The interpreter's switch interval lowered while a worker must take the GIL from a busy thread
-    (nested: engines of one process share it); the caller's value comes back when the last one exits.
-    A thread waiting for the GIL asks its holder to drop it after this interval: 50 µs instead of
-    5 ms, for the fraction of a millisecond a step the worker needs it."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self._lock = threading.Lock()
-        self._holders = 0
-        self._saved = 0.0
-
-    def enter(self) -> None:
-        with self._lock:
-            if self._holders == 0:
-                self._saved = sys.getswitchinterval()
-                sys.setswitchinterval(min(self.seconds, self._saved))
-            self._holders += 1
-
-    def exit(self) -> None:
-        with self._lock:
-            self._holders -= 1
-            if self._holders == 0:
-                sys.setswitchinterval(self._saved)
-
-
-_HANDOFF = _ShortSwitchInterval(50e-6)
+def _log_rejected(live: Sequence, accepted: Sequence[bool]) -> int:
+    """Log each token a matcher rejected (a bug: the tokens were sampled under its mask); their count."""
+    rejected = 0
+    for (matcher, token_id), ok in zip(live, accepted):
+        if not ok:
+            rejected += 1
+            logger.error("structured outputs: the grammar rejected sampled token %d: %s", token_id, matcher.get_error())
+    return rejected

@@ -113,6 +113,10 @@ class ModelRunner:
                                            self.dtype, self._max_model_len, self.device))
         return self._prefill_splits_by_bucket[token_bucket]
 
+    def shutdown(self) -> None:
+        """End the structured-output worker thread, if one was made (idempotent)."""
+        self.grammar_masks.close()
+
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         """Run one step and wait for its sampled ids (the synchronous path)."""
         return self.collect(self.launch(scheduler_output))
@@ -226,6 +230,10 @@ class ModelRunner:
         mask, launched.pending_mask = self.grammar_masks.finish_fill(launched.pending_mask), None
         self._sample(launched, logits, mask)
 
+    def poll_masks(self, launched: "_Launched") -> None:
+        """A step launched with ``defer_masks``: start its masks' copy if they are computed (never waits)."""
+        self.grammar_masks.poll(launched.pending_mask)
+
     def _sample(self, launched: "_Launched", logits: torch.Tensor, mask: "Optional[StepMask]") -> None:
         states, drafts = launched.states, launched.drafts
         if mask is not None:
@@ -273,7 +281,7 @@ class ModelRunner:
             verified.prompt_logprobs = prompt_rows
             return verified
         live = live_tokens(launched.states, token_ids, launched.grammar_states) if launched.grammar_states else ()
-        if masks_of is not None and masks_of.pending_mask is not None and masks_of.pending_mask.future is None:
+        if masks_of is not None and masks_of.pending_mask is not None and masks_of.pending_mask.job is None:
             # The matchers take these tokens, then the step ahead's masks (which follow them) are
             # computed, both in the worker while the engine goes on (finish waits for them); started
             # first, since the masks are what the next sampling waits for.

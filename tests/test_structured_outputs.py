@@ -239,6 +239,46 @@ def test_grammar_steps_scheduled_ahead_give_the_same_tokens(smollm2, smollm2_ggu
     assert llm.engine.kv_cache.all_free()
 
 
+@pytest.mark.parametrize("masks", ["ready at every poll", "never ready at a poll"])
+def test_a_step_ahead_is_sampled_when_its_masks_are_ready_or_before_the_next_launch(smollm2, smollm2_gguf,
+                                                                                   mixed_batch, masks):
+    """The engine samples a deferred step as soon as a poll finds its masks computed (at the end of
+    the step that started them, or after the next schedule), else just before the next launch: both
+    orders give the lockstep tokens. The worker's timing is taken out of the test: the poll waits for
+    the masks (every step ahead sampled at the end of the call that started them) or says they are
+    never ready (every one sampled before the next launch)."""
+    prompts, params, _ = mixed_batch
+    keep = [i for i, p in enumerate(params) if p.repetition_penalty == 1.0]
+    prompts, params = [prompts[i] for i in keep], [params[i] for i in keep]
+    reference = [o.outputs[0].token_ids for o in smollm2.generate(prompts, params, use_tqdm=False)]
+    llm = _llm(smollm2_gguf, async_scheduling=True)
+    core, runner = llm.engine, llm.engine.runner
+    real_poll, real_finish = runner.poll_masks, runner.finish
+    ready = masks == "ready at every poll"
+    sampled_at_the_end = []  # per deferred step sampled: whether the call that launched it sampled it
+
+    def poll_masks(launched):
+        pending = launched.pending_mask
+        if ready and launched.logits is not None and pending is not None and pending.job is not None:
+            pending.job.wait()
+        return real_poll(launched) and ready
+
+    def finish(launched):
+        if launched.logits is not None:
+            sampled_at_the_end.append(core._in_flight is not None and core._in_flight[1] is launched)
+        real_finish(launched)
+
+    runner.poll_masks, runner.finish = poll_masks, finish
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == reference
+    assert runner.num_deferred_steps > 0 and len(sampled_at_the_end) == runner.num_deferred_steps
+    if ready:
+        assert all(sampled_at_the_end)
+    else:
+        assert not any(sampled_at_the_end)
+    assert core.kv_cache.all_free()
+
+
 @pytest.mark.slow
 def test_qwen25_schemas_validate(qwen25_coder_gguf):
     llm = _llm(qwen25_coder_gguf, max_num_batched_tokens=2048)

@@ -118,9 +118,11 @@ class EngineCore:
                 ahead = None
         masks_of = None  # the step ahead, launched with its masks deferred (a grammar runs)
         if ahead is not None and self._grammars_alive():
-            # Its inputs first: that host work then overlaps the masks of ``launched`` being filled.
-            if self._deferred:
-                self.runner.poll_masks(launched)
+            # ``launched`` is sampled as soon as its masks are computed, so that the device samples
+            # while the host goes on; its inputs are prepared first when the masks are still being
+            # filled, which that host work then overlaps.
+            if self._deferred and self.runner.poll_masks(launched):
+                self._finish_deferred(launched)
             prepared = self.runner.prepare(ahead)
             self._finish_deferred(launched)
             masks_of = self.runner.run(prepared, defer_masks=True)
@@ -135,14 +137,15 @@ class EngineCore:
         if self.async_scheduling and self.scheduler.draft_policy is not None:
             self._time_step(scheduler_output, runner_output, lockstep)
         outputs = self.scheduler.update(scheduler_output, runner_output)
-        if masks_of is not None:
-            self.runner.poll_masks(masks_of)  # computed meanwhile: their copy starts beside the forward
+        if masks_of is not None and self.runner.poll_masks(masks_of):
+            # Computed meanwhile: sampled now, behind its forward, rather than after the next schedule.
+            self._finish_deferred(masks_of)
         return scheduler_output, runner_output, outputs
 
     def _finish_deferred(self, launched) -> None:
         """``launched`` went ahead with deferred masks, filling since its predecessor was collected
-        (while the engine handled that step and scheduled this one): sampled now, before the next
-        launch, whose placeholder inputs are its sampled ids."""
+        (while the engine handled that step and scheduled the next): sampled now, at the latest
+        before the next launch, whose placeholder inputs are its sampled ids."""
         if self._deferred:
             self.runner.finish(launched)
             self._deferred = False

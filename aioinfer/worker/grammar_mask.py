@@ -6,10 +6,10 @@ logits. Under async scheduling a step is launched before the previous step's tok
 its forward is enqueued at once and its masks planned (``plan``); once those tokens are collected the
 matchers take them and a worker thread computes the masks (``start``; grammar_worker.py) while the
 engine handles the collected step, schedules the next and prepares its inputs, asking between those
-tasks whether the masks are ready (``poll``: then it starts their copy, beside the forward); the step
-is sampled (``finish_fill``, ``apply``) just before the next one is launched. One pinned
-host-to-device copy carries the masks, and ``apply`` sets every disallowed logit to -inf on the device before the sampler
-sees them (so logprobs are those of the masked distribution, as in vLLM). A request with drafts has
+tasks whether the masks are ready (``poll``: then it starts their copy, beside the forward, and the
+step is sampled, ``finish_fill`` and ``apply``, at once); at the latest it is sampled just before
+the next one is launched. One pinned host-to-device copy carries the masks, and ``apply`` sets
+every disallowed logit to -inf on the device before the sampler sees them (so logprobs are those of the masked distribution, as in vLLM). A request with drafts has
 one mask per row: the mask after each draft, computed by advancing its matcher through the drafts
 and back (llguidance stops at a draft the grammar rejects; the rows after it are discarded by
 verification anyway, since that draft is not in the mask before it).
@@ -199,14 +199,23 @@ class GrammarMasks:
                               host.shape[0])
         worker.submit(pending.job)
 
-    def poll(self, pending: Optional[PendingMask]) -> None:
+    def poll(self, pending: Optional[PendingMask]) -> bool:
         """Start the copy of ``pending``'s masks if the worker has computed them (never waits): the
         engine thread calls this between its host tasks, so that the copy runs while the step's
-        forward still computes."""
-        if (pending is not None and pending.job is not None and pending.copied is None
-                and self.device.type == "cuda" and pending.job.is_done()):
+        forward still computes. True when they are computed (``finish_fill`` would not wait)."""
+        if pending is None:
+            return True
+        job = pending.job
+        if job is None:  # not started (finish_fill computes them) or received from rank 0
+            return False
+        if pending.copied is not None:
+            return True
+        if not job.is_done():
+            return False
+        if self.device.type == "cuda":
             self._take_job(pending)
             self._copy_to_device(pending)
+        return True
 
     def finish_fill(self, pending: Optional[PendingMask]) -> Optional[StepMask]:
         """The masks of ``pending`` on the device (one copy from pinned memory), computed here if no

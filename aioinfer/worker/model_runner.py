@@ -230,9 +230,10 @@ class ModelRunner:
         mask, launched.pending_mask = self.grammar_masks.finish_fill(launched.pending_mask), None
         self._sample(launched, logits, mask)
 
-    def poll_masks(self, launched: "_Launched") -> None:
-        """A step launched with ``defer_masks``: start its masks' copy if they are computed (never waits)."""
-        self.grammar_masks.poll(launched.pending_mask)
+    def poll_masks(self, launched: "_Launched") -> bool:
+        """A step launched with ``defer_masks``: start its masks' copy if they are computed (never
+        waits). True when ``finish`` would not wait for them (or has nothing left to do)."""
+        return launched.logits is None or self.grammar_masks.poll(launched.pending_mask)
 
     def _sample(self, launched: "_Launched", logits: torch.Tensor, mask: "Optional[StepMask]") -> None:
         states, drafts = launched.states, launched.drafts

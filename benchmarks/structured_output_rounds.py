@@ -7,8 +7,9 @@
 Every constrained run sits between two free ones (the forms' order turned each round), and its
 ratio is to their mean. One engine for every run, so that the machine's drift between engines
 (the H200 host gave 41.7-60.8k tok/s for the same free run in one session) falls on both sides of
-each ratio alike; every run has a fresh prefix-cache salt. Per run: tok/s, engine steps, the engine thread's CPU ms per step and the
-grammar worker's advance + masks ms per step. The ratio reported is the median over rounds.
+each ratio alike; every run has a fresh prefix-cache salt. Per run: tok/s, engine steps, the
+engine thread's CPU ms per step and the grammar worker's advance + masks ms per step. The ratio
+reported is the median over rounds.
 
 ``--variant`` adds constrained runs of another form in every round, for an A/B in one engine: a
 variant is a function in ``VARIANTS`` that patches the engine for its run and returns the undo.

@@ -13,6 +13,7 @@ reported is the median over rounds.
 
 ``--variant`` adds constrained runs of another form in every round, for an A/B in one engine: a
 variant is a function in ``VARIANTS`` that patches the engine for its run and returns the undo.
+A probe's own timers go in ``COUNTERS`` (name -> its running total in seconds), reported per run.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from benchmarks.offline_throughput import STRUCTURED_SCHEMAS
 
 # name -> patch(engine) returning an undo; registered by scripts that import this module.
 VARIANTS: dict[str, Callable[[Any], Callable[[], None]]] = {}
+# name -> a running total in seconds (a probe's own timer), reported per run as ms a step.
+COUNTERS: dict[str, Callable[[], float]] = {}
 
 
 def main() -> None:
@@ -64,6 +67,7 @@ def run(args) -> dict[str, Any]:
                                  structured_outputs=constraint if constrained else None) for r in requests]
         fill_s, fills, steps = masks.fill_seconds, masks.num_fills, engine.num_steps
         copy_start_s, wait_s, rejected = masks.copy_start_seconds, masks.wait_seconds, masks.num_rejected
+        counted = {name: read() for name, read in COUNTERS.items()}
         _sync(device)
         cpu, start = time.thread_time(), time.perf_counter()
         outs = llm.generate([r.prompt for r in requests], params, use_tqdm=False, cache_salt=fresh_cache_salt())
@@ -79,7 +83,8 @@ def run(args) -> dict[str, Any]:
                 "copy_start_ms_per_step": (1e3 * (masks.copy_start_seconds - copy_start_s) / (masks.num_fills - fills)
                                            if masks.num_fills > fills else 0.0),
                 "engine_wait_ms_per_step": 1e3 * (masks.wait_seconds - wait_s) / steps,
-                "rejected_tokens": masks.num_rejected - rejected}  # 0 unless a mask was wrong
+                "rejected_tokens": masks.num_rejected - rejected,  # 0 unless a mask was wrong
+                **{f"{name}_ms_per_step": 1e3 * (read() - counted[name]) / steps for name, read in COUNTERS.items()}}
 
     warm = workload1(num_requests=4, seed=1, max_input_len=200, max_output_len=110, max_token_id=500)
     timed(warm, False), timed(warm, True)
@@ -117,17 +122,22 @@ def run(args) -> dict[str, Any]:
                          "engine_wait_ms_per_step": statistics.median(r["engine_wait_ms_per_step"] for r in mine),
                          "engine_cpu_ms_per_step": statistics.median(r["engine_cpu_ms_per_step"] for r in mine),
                          "ms_per_step": statistics.median(r["ms_per_step"] for r in mine),
-                         "rejected_tokens": sum(r["rejected_tokens"] for r in mine)}
+                         "rejected_tokens": sum(r["rejected_tokens"] for r in mine), **_counters(mine)}
     free = [r for r in runs if r["form"] == "free"]
     summary["free"] = {"tok_per_s_median": statistics.median(r["tok_per_s"] for r in free),
                        "engine_cpu_ms_per_step": statistics.median(r["engine_cpu_ms_per_step"] for r in free),
-                       "ms_per_step": statistics.median(r["ms_per_step"] for r in free)}
+                       "ms_per_step": statistics.median(r["ms_per_step"] for r in free), **_counters(free)}
     result = {"summary": summary, "runs": runs}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     llm.shutdown()
     return result
+
+
+def _counters(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """The ``COUNTERS``' medians over runs."""
+    return {f"{name}_ms_per_step": statistics.median(r[f"{name}_ms_per_step"] for r in runs) for name in COUNTERS}
 
 
 def _line(r: dict[str, Any]) -> str:

@@ -8,7 +8,8 @@ matchers take them and a worker thread computes the masks (``start``; grammar_wo
 engine handles the collected step, schedules the next and prepares its inputs, asking between those
 tasks whether the masks are ready (``poll``: then it starts their copy, beside the forward, and the
 step is sampled, ``finish_fill`` and ``apply``, at once); at the latest it is sampled just before
-the next one is launched. One pinned host-to-device copy carries the masks, and ``apply`` sets
+the next one is launched. One pinned host-to-device copy carries the masks (a step launched ahead:
+from one of two slots made once, mask_slots.py), and ``apply`` sets
 every disallowed logit to -inf on the device before the sampler sees them (so logprobs are those
 of the masked distribution, as in vLLM). A request with drafts has one mask per row: the mask after each draft, computed by advancing its matcher through the drafts
 and back (llguidance stops at a draft the grammar rejects; the rows after it are discarded by
@@ -18,12 +19,14 @@ Tensor parallelism: rank 0 holds the matchers, computes the masks and broadcasts
 device group at sampling; the other ranks' requests carry ``REMOTE_GRAMMAR`` instead, and they
 receive the masks (every rank samples the same tokens, so every rank applies the same masks).
 
-``AIOINFER_GRAMMAR_THREADS``: llguidance's thread count (default: its own, 80 % of the cores).
+``AIOINFER_GRAMMAR_THREADS``: llguidance's thread count (default ``default_grammar_threads``: half
+the CPUs the process may use, at most 4).
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import time
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ import torch
 
 from aioinfer.worker.bitmask_apply import apply_bitmask
 from aioinfer.worker.grammar_worker import HANDOFF, GrammarWorker, MaskJob
+from aioinfer.worker.mask_slots import MaskSlots
 from aioinfer.worker.sampling_metadata import SamplingRow, host_to_device
 
 logger = logging.getLogger(__name__)
@@ -63,6 +67,7 @@ class StepMask:
     bits: torch.Tensor  # [G, W] int32 on the device: bit j of word w allows token 32 w + j
     rows: Optional[torch.Tensor]  # [G] int64 logits rows the masks belong to; None: every row, in order
     grammar_states: list[int]  # indices (in the step's sampled states) of the requests with a grammar
+    matchers: list  # their matchers, in that order (the next tokens' ``live_tokens``)
 
 
 @dataclass(slots=True)
@@ -76,21 +81,24 @@ class PendingMask:
     grammar_states: list[int]
     plain: list  # (matcher, its mask row) of the requests without drafts
     with_drafts: list  # (matcher, its first mask row, its drafts) of those with drafts
+    matchers: list  # the matchers of grammar_states, in order
+    slot: int = -1  # a step launched ahead: its MaskSlots slot (``host`` is that slot's rows)
     job: Optional[MaskJob] = None  # the worker's, once started
-    bits: Optional[torch.Tensor] = None  # on the device, once ``copied`` (CUDA: its copy started by ``poll``)
-    copied: Optional[torch.cuda.Event] = None
+    copied: bool = False  # its copy to the slot's device rows started (by ``poll`` or ``finish_fill``)
 
 
 class GrammarMasks:
-    def __init__(self, vocab_size: int, device: torch.device) -> None:
+    def __init__(self, vocab_size: int, device: torch.device, max_rows: int = 256) -> None:
         self.vocab_size = vocab_size
         self.num_words = (vocab_size + 31) // 32
         self.device = device
+        self._max_rows = max_rows  # the slots' first size: a step's sampled rows at most (max_num_seqs)
+        self._slots: Optional[MaskSlots] = None  # steps launched ahead: their masks' buffers, made at first use
+        self._last_plan = ([], [], [], [])  # (states, grammar_states, plain, matchers) of the last one-row plan
         self._worker: Optional[GrammarWorker] = None  # its thread and llguidance's executor, made at first use
         # The CPUs llguidance's threads may use: the process's now, before a ``host_cpu`` engine
         # thread is pinned to one of them (host_cpu.py).
         self._cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-        self._copy_stream = None  # the masks' host-to-device copies (``_copy_to_device``), made at first use
         self._group = None  # tensor parallelism (``share_over``): rank 0 sends the masks, the others receive
         # For benchmarks: the worker's time a step (advance, masks), the time from masks computed to
         # their copy started, and the engine thread's wait for the masks at sampling.
@@ -116,7 +124,7 @@ class GrammarMasks:
         self._consume(live)
 
     def _consume(self, live: list) -> None:
-        if not live:
+        if not live or self._receives:  # rank 0 advances the matchers; this rank has none
             return
         accepted = self._llg_executor().consume_token_par(live)
         if not all(accepted):
@@ -128,14 +136,19 @@ class GrammarMasks:
     def _grammar_worker(self) -> GrammarWorker:
         if self._worker is None:
             threads = os.environ.get("AIOINFER_GRAMMAR_THREADS")
-            self._worker = GrammarWorker(int(threads) if threads else None, self._cpus, HANDOFF)
+            self._worker = GrammarWorker(int(threads) if threads else default_grammar_threads(self._cpus),
+                                         self._cpus, HANDOFF)
         return self._worker
 
     def close(self) -> None:
-        """End the worker thread (idempotent; a dropped GrammarMasks ends it too)."""
+        """End the worker thread and free the slots' events (idempotent; a dropped GrammarMasks ends the
+        thread too)."""
         if self._worker is not None:
             self._worker.close()
             self._worker = None
+        if self._slots is not None:
+            self._slots.close()
+            self._slots = None
 
     def fill(self, states: Sequence[SamplingRow], drafts: Optional[Sequence[list[int]]]) -> Optional[StepMask]:
         """Masks for the rows of requests with a grammar, or None when the step has none."""
@@ -146,40 +159,53 @@ class GrammarMasks:
         """The masks a step needs (which rows, a buffer for them), or None when it has none; computed by
         ``start`` (in the worker) or ``finish_fill`` (here). ``tokens_known=False``: a step launched
         ahead, planned before the tokens of the step before it are collected (and its matchers
-        advanced by them: only then may ``start`` run)."""
+        advanced by them: only then may ``start`` run); its buffer is a slot (mask_slots.py)."""
         if drafts is None:  # one row a request: a mask row is its state's row (the common step, kept short)
-            grammar_states = [i for i, state in enumerate(states) if state.grammar is not None]
+            last_states, grammar_states, plain, matchers = self._last_plan
+            # The same rows as the last such plan (a decode batch, step after step): its lists reused.
+            if len(states) != len(last_states) or not all(map(operator.is_, states, last_states)):
+                grammar_states = [i for i, state in enumerate(states) if state.grammar is not None]
+                matchers = [states[i].grammar for i in grammar_states]
+                plain = list(zip(matchers, range(len(matchers))))
+                self._last_plan = (states, grammar_states, plain, matchers)
             if not grammar_states:
                 return None
             assert not tokens_known or all(states[i].num_pending_tokens == 0 for i in grammar_states), \
                 "a grammar with tokens still on the device"
-            plain = [(states[i].grammar, k) for k, i in enumerate(grammar_states)]
-            return PendingMask(self._host_buffer(len(grammar_states), drafts), grammar_states, len(states),
-                               grammar_states, plain, [])
-        plain, with_drafts = [], []  # as llguidance takes them (it refuses an empty draft list)
-        rows: list[int] = []
-        grammar_states: list[int] = []
-        num_rows = 0
-        for i, state in enumerate(states):
-            width = 1 + (len(drafts[i]) if drafts is not None else 0)
-            if state.grammar is not None:
-                # A mask follows every token before it: the engine computes it once they are known.
-                assert not tokens_known or state.num_pending_tokens == 0, "a grammar with tokens still on the device"
-                if drafts is not None and drafts[i]:
-                    with_drafts.append((state.grammar, len(rows), list(drafts[i])))
-                else:
-                    plain.append((state.grammar, len(rows)))
-                rows.extend(range(num_rows, num_rows + width))
-                grammar_states.append(i)
-            num_rows += width
-        if not rows:
-            return None
-        return PendingMask(self._host_buffer(len(rows), drafts), rows, num_rows, grammar_states, plain, with_drafts)
+            pending = PendingMask(None, grammar_states, len(states), grammar_states, plain, [], matchers)
+        else:
+            plain, with_drafts = [], []  # as llguidance takes them (it refuses an empty draft list)
+            rows: list[int] = []
+            grammar_states = []
+            num_rows = 0
+            for i, state in enumerate(states):
+                width = 1 + len(drafts[i])
+                if state.grammar is not None:
+                    # A mask follows every token before it: the engine computes it once they are known.
+                    assert not tokens_known or state.num_pending_tokens == 0, "a grammar with tokens still on the device"
+                    if drafts[i]:
+                        with_drafts.append((state.grammar, len(rows), list(drafts[i])))
+                    else:
+                        plain.append((state.grammar, len(rows)))
+                    rows.extend(range(num_rows, num_rows + width))
+                    grammar_states.append(i)
+                num_rows += width
+            if not rows:
+                return None
+            pending = PendingMask(None, rows, num_rows, grammar_states, plain, with_drafts,
+                                  [states[i].grammar for i in grammar_states])
+        if self._receives:  # rank 0 sends the masks: no buffer here
+            return pending
+        if not tokens_known and drafts is None:
+            if self._slots is None:
+                self._slots = MaskSlots(self.num_words, self.device, self._max_rows)
+            pending.slot, pending.host = self._slots.take(len(pending.rows))
+        else:
+            pending.host = self._host_buffer(len(pending.rows), drafts)
+        return pending
 
-    def _host_buffer(self, num_rows: int, drafts) -> Optional[torch.Tensor]:
-        """Where the executor writes the masks (pinned on CUDA); None on a rank that receives them."""
-        if self._receives:
-            return None
+    def _host_buffer(self, num_rows: int, drafts) -> torch.Tensor:
+        """Where the masks of a step planned with its tokens known are computed (pinned on CUDA)."""
         pinned = self.device.type == "cuda"
         if drafts is None:  # the executor writes every row whole: no need to clear 4.9 MB (256 rows, 151k vocab)
             return torch.empty((num_rows, self.num_words), dtype=torch.int32, pin_memory=pinned)
@@ -208,13 +234,14 @@ class GrammarMasks:
         job = pending.job
         if job is None:  # not started (finish_fill computes them) or received from rank 0
             return False
-        if pending.copied is not None:
+        if pending.copied:
             return True
         if not job.is_done():
             return False
-        if self.device.type == "cuda":
-            self._take_job(pending)
-            self._copy_to_device(pending)
+        self._take_job(pending)
+        if pending.slot >= 0:
+            self._slots.start_copy(pending.slot, len(pending.rows))
+        pending.copied = True
         return True
 
     def finish_fill(self, pending: Optional[PendingMask]) -> Optional[StepMask]:
@@ -222,28 +249,29 @@ class GrammarMasks:
         worker has started on them; None for None."""
         if pending is None:
             return None
+        num_masks = len(pending.rows)
         if self._receives:
-            bits = torch.empty((len(pending.rows), self.num_words), dtype=torch.int32, device=self.device)
+            bits = torch.empty((num_masks, self.num_words), dtype=torch.int32, device=self.device)
             self._group.broadcast_tensor(bits)
         else:
             if pending.job is None:
                 self._compute(pending)
-            elif pending.copied is None:
+            elif not pending.copied:
                 waited = time.perf_counter()
                 pending.job.wait()
                 self.wait_seconds += time.perf_counter() - waited
                 self._take_job(pending)
-            if pending.copied is not None:
-                compute = torch.cuda.current_stream(self.device)
-                compute.wait_event(pending.copied)
-                bits = pending.bits
-                bits.record_stream(compute)  # its memory is not reused before the sampling has read it
-            else:  # the CPU (or masks computed here: then copied on the compute stream, after the forward)
+            if pending.slot >= 0:  # launched ahead: the copy stream carries the slot's rows
+                if not pending.copied:
+                    self._slots.start_copy(pending.slot, num_masks)
+                    pending.copied = True
+                bits = self._slots.device_rows(pending.slot, num_masks)
+            else:  # the CPU, or lockstep (copied on the compute stream, after the forward)
                 bits = pending.host.to(self.device, non_blocking=True) if self.device.type == "cuda" else pending.host
             if self._group is not None:
                 self._group.broadcast_tensor(bits)
-        index = None if len(pending.rows) == pending.num_rows else host_to_device(pending.rows, torch.int64, self.device)
-        return StepMask(bits, index, pending.grammar_states)
+        index = None if num_masks == pending.num_rows else host_to_device(pending.rows, torch.int64, self.device)
+        return StepMask(bits, index, pending.grammar_states, pending.matchers)
 
     def _take_job(self, pending: PendingMask) -> None:
         """The worker is done with ``pending``'s job: its timings counted, its errors raised or logged."""
@@ -254,18 +282,6 @@ class GrammarMasks:
         self.fill_seconds += job.finished - job.started
         self.copy_start_seconds += time.perf_counter() - job.finished
         self.num_fills += 1
-
-    def _copy_to_device(self, pending: PendingMask) -> None:
-        """Start the masks' one host-to-device copy (4.9 MB at 256 rows of Qwen2.5's vocabulary: about
-        0.25 ms of the H200's copy engine) on a stream of its own: it then runs while the step's
-        forward still computes, instead of after it on the compute stream, where it held up every
-        constrained step's sampling. ``finish_fill`` makes the compute stream wait for it."""
-        if self._copy_stream is None:
-            self._copy_stream = torch.cuda.Stream(self.device)
-        with torch.cuda.stream(self._copy_stream):  # made on the stream that writes it
-            pending.bits = pending.host.to(self.device, non_blocking=True)
-            pending.copied = torch.cuda.Event()
-            pending.copied.record(self._copy_stream)
 
     def _compute(self, pending: PendingMask) -> None:
         """The masks computed on the calling thread (lockstep: the step's forward is already enqueued)."""
@@ -284,10 +300,23 @@ class GrammarMasks:
         return apply_bitmask(logits, mask.bits, mask.rows)
 
 
-def live_tokens(states: Sequence[SamplingRow], token_ids: Sequence[int], indices: Sequence[int]) -> list:
-    """(matcher, token) for the states at ``indices`` whose matcher is not stopped (one pass: this
-    runs every step on the engine thread)."""
-    return [(grammar, token_ids[i]) for i in indices if not (grammar := states[i].grammar).is_stopped()]
+def default_grammar_threads(cpus: Optional[set]) -> int:
+    """llguidance's threads unless ``AIOINFER_GRAMMAR_THREADS`` says: half the CPUs (those the process
+    may use), at most 4. The masks need only be ready within the step's forward, and more threads
+    barely shorten them (256 rows of Qwen2.5's vocabulary on the H200 host: 1.29 ms on 2 threads,
+    0.99 on 4, 0.87 on 12) while they take CPU time from the engine thread and the worker, whose
+    Python bounds the constrained step: in one engine llguidance's own default (80 % of the cores,
+    12 there) gave 0.815 of the free throughput and 4 threads 0.922, ahead in each of 6 rounds (the
+    fifteenth session, docs/performance.md)."""
+    count = len(cpus) if cpus else (os.cpu_count() or 1)
+    return max(1, min(4, count // 2))
+
+
+def live_tokens(matchers: Sequence, token_ids: Sequence[int], indices: Sequence[int]) -> list:
+    """(matcher, token) for the rows at ``indices`` (``matchers`` theirs, in order) whose matcher is not
+    stopped (one pass: this runs every step on the engine thread)."""
+    tokens = token_ids if len(indices) == len(token_ids) else [token_ids[i] for i in indices]
+    return [(matcher, token) for matcher, token in zip(matchers, tokens) if not matcher.is_stopped()]
 
 
 def _log_rejected(live: Sequence, accepted: Sequence[bool]) -> int:

@@ -88,7 +88,7 @@ class ModelRunner:
                 logger.warning("CUDA graph capture failed, decode runs eager: %s", exc)
                 self.graphs = None
         self.sampler = Sampler()
-        self.grammar_masks = GrammarMasks(self.vocab_size, device)
+        self.grammar_masks = GrammarMasks(self.vocab_size, device, config.scheduler.max_num_seqs)
         self.num_deferred_steps = 0  # launched ahead with their masks deferred (tests, benchmarks)
         self._num_grammars = 0  # live states with a grammar: steps without any skip the scan for them
         # What the runner remembers of each request between steps: its sampling row itself, kept and
@@ -239,7 +239,7 @@ class ModelRunner:
         states, drafts = launched.states, launched.drafts
         if mask is not None:
             logits = self.grammar_masks.apply(logits, mask)
-            launched.grammar_states = mask.grammar_states
+            launched.grammar_states, launched.grammar_matchers = mask.grammar_states, mask.matchers
         if launched.metadata is not None:
             metadata = launched.metadata
         elif drafts is None:
@@ -281,7 +281,8 @@ class ModelRunner:
             verified = _verify(launched, token_ids)
             verified.prompt_logprobs = prompt_rows
             return verified
-        live = live_tokens(launched.states, token_ids, launched.grammar_states) if launched.grammar_states else ()
+        live = (live_tokens(launched.grammar_matchers, token_ids, launched.grammar_states)
+                if launched.grammar_states else ())
         if masks_of is not None and masks_of.pending_mask is not None and masks_of.pending_mask.job is None:
             # The matchers take these tokens, then the step ahead's masks (which follow them) are
             # computed, both in the worker while the engine goes on (finish waits for them); started
@@ -341,6 +342,7 @@ class _Launched:
     states: list[SamplingRow]
     drafts: Optional[list[list[int]]] = None  # per request its verified drafts ([] for none); None: no drafts
     grammar_states: Sequence[int] = ()  # indices of ``states`` whose matcher takes the sampled tokens
+    grammar_matchers: Sequence = ()  # those matchers, in that order
     logits: Optional[torch.Tensor] = None  # launched with deferred masks: not sampled yet (``finish``)
     pending_mask: Optional["PendingMask"] = None  # its masks, planned; filling from ``collect(..., masks_of=)``
     sampled_rows: Optional[dict] = None  # request id -> row, made at launch when sampling is deferred

@@ -1,0 +1,43 @@
+"""The slots the masks of steps launched ahead live in (worker/mask_slots.py): taken in turn, grown
+(never shrunk or freed while the engine runs) when a step has more rows than they hold, and on the
+CPU the rows the apply reads are the host rows themselves; llguidance's default thread count."""
+
+from __future__ import annotations
+
+import torch
+
+from aioinfer.worker.grammar_mask import default_grammar_threads
+from aioinfer.worker.mask_slots import MaskSlots
+
+
+def test_slots_alternate_and_a_slot_is_its_own_rows_again_two_takes_later():
+    slots = MaskSlots(num_words=5, device=torch.device("cpu"), rows=4)
+    first, a = slots.take(3)
+    second, b = slots.take(4)
+    third, c = slots.take(2)
+    assert (first, second, third) == (0, 1, 0)
+    assert a.shape == (3, 5) and b.shape == (4, 5) and c.shape == (2, 5)
+    assert c.data_ptr() == a.data_ptr() and b.data_ptr() != a.data_ptr()
+    c.fill_(7)
+    slots.start_copy(third, 2)  # nothing to copy on the CPU
+    rows = slots.device_rows(third, 2)
+    assert rows.data_ptr() == c.data_ptr() and torch.equal(rows, torch.full((2, 5), 7, dtype=torch.int32))
+
+
+def test_slots_grow_for_a_larger_step_and_keep_the_outgrown_ones():
+    slots = MaskSlots(num_words=3, device=torch.device("cpu"), rows=2)
+    _, small = slots.take(2)
+    small.fill_(1)
+    slot, large = slots.take(5)  # more rows than the slots hold: both made again, at 5 rows
+    assert slots.rows == 5 and large.shape == (5, 3)
+    assert torch.equal(small, torch.ones((2, 3), dtype=torch.int32))  # a step in flight may still read it
+    _, again = slots.take(9)
+    assert slots.rows == 10  # twice the rows when that is more than the step needs
+    assert again.shape == (9, 3)
+    slots.close()
+    slots.close()  # idempotent
+
+
+def test_default_grammar_threads_are_half_the_cpus_at_most_four():
+    assert [default_grammar_threads(set(range(n))) for n in (1, 2, 3, 8, 16, 64)] == [1, 1, 1, 4, 4, 4]
+    assert 1 <= default_grammar_threads(None) <= 4

@@ -24,7 +24,7 @@ from aioinfer.worker.input_buffers import InputBuffers, StepInputs
 from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches, choose_num_blocks
 from aioinfer.worker.prompt_logprobs import PendingPromptLogprobs, PromptLogprobs
 from aioinfer.worker.sampler import Sampler, SamplerOutput
-from aioinfer.worker.sampling_metadata import SamplingMetadata, SamplingRow
+from aioinfer.worker.sampling_metadata import SamplingMetadata, SamplingMetadataCache, SamplingRow
 from aioinfer.worker.swap import KVSwapper, num_host_blocks_for
 
 logger = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class ModelRunner:
                 logger.warning("CUDA graph capture failed, decode runs eager: %s", exc)
                 self.graphs = None
         self.sampler = Sampler()
+        self._sampling_metadata = SamplingMetadataCache()  # a decode batch's knobs, made once while it lasts
         self.grammar_masks = GrammarMasks(self.vocab_size, device, config.scheduler.max_num_seqs)
         self.num_deferred_steps = 0  # launched ahead with their masks deferred (tests, benchmarks)
         self._num_grammars = 0  # live states with a grammar: steps without any skip the scan for them
@@ -209,7 +210,7 @@ class ModelRunner:
             # this step's sampled ids, which the next step's inputs are prepared with.
             launched.logits = logits
             launched.pending_mask = self.grammar_masks.plan(states, tokens_known=False)
-            launched.metadata = SamplingMetadata.build(states, logits.shape[1], self.device)
+            launched.metadata = self._sampling_metadata.build(states, logits.shape[1], self.device)
             launched.sampled_rows = {rid: row for row, rid in enumerate(launched.request_ids)}
             self._last_sampled = (None, launched.sampled_rows)
             self.num_deferred_steps += 1
@@ -243,7 +244,7 @@ class ModelRunner:
         if launched.metadata is not None:
             metadata = launched.metadata
         elif drafts is None:
-            metadata = SamplingMetadata.build(states, logits.shape[1], self.device)
+            metadata = self._sampling_metadata.build(states, logits.shape[1], self.device)
         else:
             rows, offsets = _verification_rows(states, drafts)
             metadata = SamplingMetadata.build(rows, logits.shape[1], self.device, row_offsets=offsets)

@@ -7,6 +7,7 @@ as ``None`` and the sampler skips their work entirely.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -67,7 +68,30 @@ class SamplingMetadata:
         it samples (a request with d drafts has rows 0..d), so that each row draws the noise of its
         own output position, as the step that would sample that token without drafts does."""
         device = torch.device(device)
-        n, vocab = len(rows), vocab_size
+        return _RowKnobs.of(rows, vocab_size, device).metadata(rows, vocab_size, device, row_offsets)
+
+
+@dataclass(slots=True)
+class _RowKnobs:
+    """What a step's metadata takes from its rows' params alone (the same for the same rows in the
+    same order): their tensors, made once for as long as the batch stays as it is."""
+
+    all_greedy: bool
+    all_random: bool
+    greedy: list[bool]
+    greedy_mask: Optional[torch.Tensor]
+    temperature: Optional[torch.Tensor]
+    top_k: Optional[torch.Tensor]
+    top_p: Optional[torch.Tensor]
+    min_p: Optional[torch.Tensor]
+    bias_index: Optional[torch.Tensor]
+    bias_value: Optional[torch.Tensor]
+    min_tokens_rows: list[int]  # rows with min_tokens: their stop tokens are masked while they are short of it
+    has_penalties: bool
+    max_num_logprobs: Optional[int]
+
+    @classmethod
+    def of(cls, rows: Sequence[SamplingRow], vocab: int, device: torch.device) -> "_RowKnobs":
         params = [row.params for row in rows]
         greedy = [p.temperature == 0.0 for p in params]
         all_greedy, all_random = all(greedy), not any(greedy)
@@ -89,43 +113,86 @@ class SamplingMetadata:
 
         bias_rows: list[int] = []
         bias_values: list[float] = []
-        masked: list[int] = []
         # Most rows use neither knob: pick the few that do with one cheap test per row (the loop body
-        # costs ~0.3 us a row, every step). min_tokens == 0 never masks (num_generated >= 0).
-        for i in [i for i, p in enumerate(params) if p.logit_bias or p.min_tokens]:
-            row, p = rows[i], params[i]
+        # costs ~0.3 us a row). min_tokens == 0 never masks (num_generated >= 0).
+        for i in [i for i, p in enumerate(params) if p.logit_bias]:
             base = i * vocab
-            if p.logit_bias:
-                for token, value in p.logit_bias.items():
-                    if token < vocab:  # validated upstream; an id past V would be a device-side fault
-                        bias_rows.append(base + token)
-                        bias_values.append(value)
-            if row.num_generated < p.min_tokens:
-                stops = set(p.stop_token_ids)
-                if not p.ignore_eos:
-                    # With ignore_eos, EOS does not end the request, so there is nothing to hold back.
-                    stops.update(row.eos_token_ids)
-                masked.extend(base + t for t in sorted(stops) if t < vocab)
-
+            for token, value in params[i].logit_bias.items():
+                if token < vocab:  # validated upstream; an id past V would be a device-side fault
+                    bias_rows.append(base + token)
+                    bias_values.append(value)
         max_logprobs = [num_logprobs(p.logprobs, vocab) for p in params if p.logprobs is not None]
         return cls(
-            num_rows=n,
-            vocab_size=vocab,
             all_greedy=all_greedy,
             all_random=all_random,
+            greedy=greedy,
             greedy_mask=None if all_greedy or all_random else host_to_device(greedy, torch.bool, device),
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
             min_p=min_p,
-            noise_keys=None if all_greedy else host_to_device(_noise_keys(rows, greedy, row_offsets), torch.int64,
-                                                              device),
             bias_index=host_to_device(bias_rows, torch.int64, device) if bias_rows else None,
             bias_value=host_to_device(bias_values, torch.float32, device) if bias_rows else None,
-            min_tokens_index=host_to_device(masked, torch.int64, device) if masked else None,
-            penalties=build_penalty_tensors(rows, vocab, device),
+            min_tokens_rows=[i for i, p in enumerate(params) if p.min_tokens],
+            has_penalties=any(p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+                              for p in params),
             max_num_logprobs=max(max_logprobs) if max_logprobs else None,
         )
+
+    def metadata(self, rows: Sequence[SamplingRow], vocab: int, device: torch.device,
+                 row_offsets: Optional[Sequence[int]] = None) -> SamplingMetadata:
+        """This step's metadata: these knobs and what changes every step (each row's noise position,
+        whether it is still short of its min_tokens, the tokens its penalties count)."""
+        masked: list[int] = []
+        for i in self.min_tokens_rows:
+            row = rows[i]
+            p = row.params
+            if row.num_generated < p.min_tokens:
+                stops = set(p.stop_token_ids)
+                if not p.ignore_eos:
+                    # With ignore_eos, EOS does not end the request, so there is nothing to hold back.
+                    stops.update(row.eos_token_ids)
+                masked.extend(i * vocab + t for t in sorted(stops) if t < vocab)
+        return SamplingMetadata(
+            num_rows=len(rows),
+            vocab_size=vocab,
+            all_greedy=self.all_greedy,
+            all_random=self.all_random,
+            greedy_mask=self.greedy_mask,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            noise_keys=None if self.all_greedy else host_to_device(_noise_keys(rows, self.greedy, row_offsets),
+                                                                   torch.int64, device),
+            bias_index=self.bias_index,
+            bias_value=self.bias_value,
+            min_tokens_index=host_to_device(masked, torch.int64, device) if masked else None,
+            penalties=build_penalty_tensors(rows, vocab, device) if self.has_penalties else None,
+            max_num_logprobs=self.max_num_logprobs,
+        )
+
+
+class SamplingMetadataCache:
+    """``SamplingMetadata.build`` for a runner's steps, the params' part reused while a step's rows
+    are the very objects of the step before, in the same order (a decode batch, step after step):
+    the knobs' tensors are only read by the sampler, so one copy serves every such step (a request's
+    params do not change while it runs). At 256 rows on one CPU core a step's build took 37 µs
+    greedy and 172 µs with temperature and top-p, and 5.4 and 57 µs with the knobs reused (the
+    noise keys are still made every step)."""
+
+    def __init__(self) -> None:
+        self._rows: Sequence[SamplingRow] = ()
+        self._key: Optional[tuple] = None  # (vocab size, device) the knobs were made for
+        self._knobs: Optional[_RowKnobs] = None
+
+    def build(self, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device) -> SamplingMetadata:
+        key = (vocab_size, device)
+        if (self._knobs is None or key != self._key or len(rows) != len(self._rows)
+                or not all(map(operator.is_, rows, self._rows))):
+            self._knobs = _RowKnobs.of(rows, vocab_size, device)
+            self._rows, self._key = rows, key
+        return self._knobs.metadata(rows, vocab_size, device)
 
 
 def _noise_keys(rows: Sequence[SamplingRow], greedy: list[bool],

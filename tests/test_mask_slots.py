@@ -1,6 +1,7 @@
 """The slots the masks of steps launched ahead live in (worker/mask_slots.py): taken in turn, grown
-(never shrunk or freed while the engine runs) when a step has more rows than they hold, and on the
-CPU the rows the apply reads are the host rows themselves; llguidance's default thread count."""
+(never shrunk or freed while the engine runs) when a step has more rows than they hold, a slot
+taken before the growth still read from its own rows, and on the CPU the rows the apply reads are
+the host rows themselves; llguidance's default thread count."""
 
 from __future__ import annotations
 
@@ -12,28 +13,26 @@ from aioinfer.worker.mask_slots import MaskSlots
 
 def test_slots_alternate_and_a_slot_is_its_own_rows_again_two_takes_later():
     slots = MaskSlots(num_words=5, device=torch.device("cpu"), rows=4)
-    first, a = slots.take(3)
-    second, b = slots.take(4)
-    third, c = slots.take(2)
-    assert (first, second, third) == (0, 1, 0)
-    assert a.shape == (3, 5) and b.shape == (4, 5) and c.shape == (2, 5)
-    assert c.data_ptr() == a.data_ptr() and b.data_ptr() != a.data_ptr()
-    c.fill_(7)
+    first, second, third = slots.take(3), slots.take(4), slots.take(2)
+    assert (first.index, second.index, third.index) == (0, 1, 0)
+    assert third is first and second.host.data_ptr() != first.host.data_ptr()
+    third.host[:2].fill_(7)
     slots.start_copy(third, 2)  # nothing to copy on the CPU
     rows = slots.device_rows(third, 2)
-    assert rows.data_ptr() == c.data_ptr() and torch.equal(rows, torch.full((2, 5), 7, dtype=torch.int32))
+    assert rows.data_ptr() == third.host.data_ptr() and torch.equal(rows, torch.full((2, 5), 7, dtype=torch.int32))
 
 
 def test_slots_grow_for_a_larger_step_and_keep_the_outgrown_ones():
     slots = MaskSlots(num_words=3, device=torch.device("cpu"), rows=2)
-    _, small = slots.take(2)
-    small.fill_(1)
-    slot, large = slots.take(5)  # more rows than the slots hold: both made again, at 5 rows
-    assert slots.rows == 5 and large.shape == (5, 3)
-    assert torch.equal(small, torch.ones((2, 3), dtype=torch.int32))  # a step in flight may still read it
-    _, again = slots.take(9)
+    small = slots.take(2)
+    small.host.fill_(1)
+    large = slots.take(5)  # more rows than the slots hold: both made again, at 5 rows
+    assert slots.rows == 5 and large.host.shape == (5, 3)
+    # A step in flight that took the small slot still copies and reads the rows the worker wrote.
+    assert torch.equal(slots.device_rows(small, 2), torch.ones((2, 3), dtype=torch.int32))
+    again = slots.take(9)
     assert slots.rows == 10  # twice the rows when that is more than the step needs
-    assert again.shape == (9, 3)
+    assert again.host.shape == (10, 3)
     slots.close()
     slots.close()  # idempotent
 

@@ -36,7 +36,7 @@ import torch
 
 from aioinfer.worker.bitmask_apply import apply_bitmask
 from aioinfer.worker.grammar_worker import HANDOFF, GrammarWorker, MaskJob
-from aioinfer.worker.mask_slots import MaskSlots
+from aioinfer.worker.mask_slots import MaskSlot, MaskSlots
 from aioinfer.worker.sampling_metadata import SamplingRow, host_to_device
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class PendingMask:
     plain: list  # (matcher, its mask row) of the requests without drafts
     with_drafts: list  # (matcher, its first mask row, its drafts) of those with drafts
     matchers: list  # the matchers of grammar_states, in order
-    slot: int = -1  # a step launched ahead: its MaskSlots slot (``host`` is that slot's rows)
+    slot: Optional[MaskSlot] = None  # a step launched ahead: its slot (``host`` is that slot's first rows)
     job: Optional[MaskJob] = None  # the worker's, once started
     copied: bool = False  # its copy to the slot's device rows started (by ``poll`` or ``finish_fill``)
 
@@ -199,7 +199,8 @@ class GrammarMasks:
         if not tokens_known and drafts is None:
             if self._slots is None:
                 self._slots = MaskSlots(self.num_words, self.device, self._max_rows)
-            pending.slot, pending.host = self._slots.take(len(pending.rows))
+            pending.slot = self._slots.take(len(pending.rows))
+            pending.host = pending.slot.host[:len(pending.rows)]
         else:
             pending.host = self._host_buffer(len(pending.rows), drafts)
         return pending
@@ -239,7 +240,7 @@ class GrammarMasks:
         if not job.is_done():
             return False
         self._take_job(pending)
-        if pending.slot >= 0:
+        if pending.slot is not None:
             self._slots.start_copy(pending.slot, len(pending.rows))
         pending.copied = True
         return True
@@ -261,7 +262,7 @@ class GrammarMasks:
                 pending.job.wait()
                 self.wait_seconds += time.perf_counter() - waited
                 self._take_job(pending)
-            if pending.slot >= 0:  # launched ahead: the copy stream carries the slot's rows
+            if pending.slot is not None:  # launched ahead: the copy stream carries the slot's rows
                 if not pending.copied:
                     self._slots.start_copy(pending.slot, num_masks)
                     pending.copied = True

@@ -26,9 +26,21 @@ On the CPU the host rows are the rows the apply reads: no copy, no event.
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
+
+
+@dataclass(slots=True)
+class MaskSlot:
+    """One slot: what a step's masks are written to, copied to and read from (its own buffers, so a
+    step that took it before the slots grew still copies and reads what the worker wrote)."""
+
+    index: int  # 0 or 1: taken in turn
+    host: torch.Tensor  # [rows, W] int32, pinned on CUDA
+    device: torch.Tensor  # [rows, W] int32 (the host rows on the CPU)
+    event: Any  # the copy's event (cuda-python or torch), None on the CPU
 
 
 class MaskSlots:
@@ -51,68 +63,66 @@ class MaskSlots:
 
     @property
     def rows(self) -> int:
-        return self._host[0].shape[0]
+        return self._slots[0].host.shape[0]
 
     def _make(self, rows: int) -> None:
-        pinned = self._on_cuda
-        self._host = [torch.empty((rows, self.num_words), dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        self._slots = [self._slot(index, rows) for index in range(2)]
+
+    def _slot(self, index: int, rows: int) -> MaskSlot:
+        host = torch.empty((rows, self.num_words), dtype=torch.int32, pin_memory=self._on_cuda)
         if not self._on_cuda:
-            self._device, self._events = self._host, [None, None]
-            return
+            return MaskSlot(index, host, host, None)
         with torch.cuda.stream(self._copy_stream):  # blocks of the stream that writes them
-            self._device = [torch.empty((rows, self.num_words), dtype=torch.int32, device=self.device)
-                            for _ in range(2)]
+            device = torch.empty((rows, self.num_words), dtype=torch.int32, device=self.device)
         if self._rt is None:
-            self._events = [torch.cuda.Event(), torch.cuda.Event()]
+            event = torch.cuda.Event()
         else:
             with torch.cuda.device(self.device):  # an event belongs to the thread's current device
-                self._events = [self._check(self._rt.cudaEventCreateWithFlags(self._rt.cudaEventDisableTiming))[0]
-                                for _ in range(2)]
+                event = self._check(self._rt.cudaEventCreateWithFlags(self._rt.cudaEventDisableTiming))[0]
+        return MaskSlot(index, host, device, event)
 
-    def take(self, num_rows: int) -> tuple[int, torch.Tensor]:
-        """The next slot and its first ``num_rows`` host rows (the worker writes the masks there)."""
+    def take(self, num_rows: int) -> MaskSlot:
+        """The next slot (the worker writes a step's ``num_rows`` masks into its first host rows)."""
         if num_rows > self.rows:
-            self._retired.append((self._host, self._device, self._events))
+            self._retired.extend(self._slots)
             self._make(max(num_rows, 2 * self.rows))
-        slot = self._next
+        slot = self._slots[self._next]
         self._next ^= 1
-        return slot, self._host[slot][:num_rows]
+        return slot
 
-    def start_copy(self, slot: int, num_rows: int) -> None:
+    def start_copy(self, slot: MaskSlot, num_rows: int) -> None:
         """Start the host-to-device copy of the slot's first ``num_rows`` rows on the copy stream."""
         if not self._on_cuda:
             return
-        host, device = self._host[slot], self._device[slot]
         if self._rt is None:
             with torch.cuda.stream(self._copy_stream):
-                device[:num_rows].copy_(host[:num_rows], non_blocking=True)
-                self._events[slot].record(self._copy_stream)
+                slot.device[:num_rows].copy_(slot.host[:num_rows], non_blocking=True)
+                slot.event.record(self._copy_stream)
             return
         rt, stream = self._rt, self._copy_stream.cuda_stream
-        self._check(rt.cudaMemcpyAsync(device.data_ptr(), host.data_ptr(), num_rows * self.num_words * 4,
-                                  rt.cudaMemcpyKind.cudaMemcpyHostToDevice, stream))
-        self._check(rt.cudaEventRecord(self._events[slot], stream))
+        self._check(rt.cudaMemcpyAsync(slot.device.data_ptr(), slot.host.data_ptr(), num_rows * self.num_words * 4,
+                                       rt.cudaMemcpyKind.cudaMemcpyHostToDevice, stream))
+        self._check(rt.cudaEventRecord(slot.event, stream))
 
-    def device_rows(self, slot: int, num_rows: int) -> torch.Tensor:
+    def device_rows(self, slot: MaskSlot, num_rows: int) -> torch.Tensor:
         """The slot's first ``num_rows`` device rows, once the compute stream has waited for their copy
         (``start_copy`` was called)."""
         if self._on_cuda:
             compute = torch.cuda.current_stream(self.device)
             if self._rt is None:
-                compute.wait_event(self._events[slot])
+                compute.wait_event(slot.event)
             else:
-                self._check(self._rt.cudaStreamWaitEvent(compute.cuda_stream, self._events[slot], 0))
-        return self._device[slot][:num_rows]
+                self._check(self._rt.cudaStreamWaitEvent(compute.cuda_stream, slot.event, 0))
+        return slot.device[:num_rows]
 
     def close(self) -> None:
         """Destroy the driver events (idempotent; a copy still in flight keeps its own reference); the
         buffers go with the object."""
         if self._rt is None:
             return
-        for events in [self._events] + [retired[2] for retired in self._retired]:
-            for event in events:
-                self._rt.cudaEventDestroy(event)
-        self._rt, self._events, self._retired = None, [None, None], []
+        for slot in self._slots + self._retired:
+            self._rt.cudaEventDestroy(slot.event)
+        self._rt, self._retired = None, []
 
     def _check(self, result: tuple) -> tuple:
         """A cuda-python call's values without its error code; raises on an error."""

@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Optional
 
 from aioinfer.core.block_pool import BlockPool
-from aioinfer.core.prefix_cache import BROKEN, CachedBlock, PrefixCache, chain_hash
+from aioinfer.core.prefix_cache import BLOCK_ID, BROKEN, CachedBlock, PrefixCache, chain_hash
 from aioinfer.request import Request
 
 
@@ -75,10 +75,10 @@ class KVCacheManager:
         """
         hits = self.match_prefix(request) if match else []
         target = cdiv(request.num_tokens, self.block_size)
-        revived = sum(1 for entry in hits if self.pool.is_free(entry.block_id))
+        hit_ids = [entry[BLOCK_ID] for entry in hits]
+        revived = sum(1 for block_id in hit_ids if self.pool.is_free(block_id))
         if target - len(hits) + self._num_reserved > self.pool.num_free_blocks - revived:
             return None
-        hit_ids = [entry.block_id for entry in hits]
         self.pool.touch(hit_ids)
         self._tables[request.request_id] = hit_ids
         self._chains[request.request_id] = hits
@@ -236,7 +236,7 @@ class KVCacheManager:
             chain = self._chains.get(request_id, [])
             assert len(chain) <= len(table), f"{request_id}: cache chain longer than its table"
             for i, entry in enumerate(chain):
-                if entry.live and entry.block_id == table[i]:
+                if self.prefix_cache.is_live(entry) and entry[BLOCK_ID] == table[i]:
                     assert self.prefix_cache.entry(table[i]) is entry
             # Blocks past the chain are being written: they must be private and uncached.
             for block_id in table[len(chain):]:

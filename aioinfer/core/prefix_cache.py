@@ -10,29 +10,29 @@ with (Python's tuple hash is not collision resistant, and tenants choose their p
 
 Entries die when their block is handed out again (the pool's free list is the eviction order);
 the children of a dead entry can no longer be matched, since no live parent leads to them.
+
+An entry is a plain tuple, ``(block_id, block_hash, token_ids, parent, extra)`` (read through the
+index names below), and an entry is live while the cache still maps its block to it. Not an object
+of a class: the garbage collector tracks, and every full collection traverses, each instance of a
+class, but it stops tracking a tuple whose items need no tracking (ints, tuples of ints, strings,
+None, and parent entries it has stopped tracking). A cache holds an entry for every block it has
+ever seen until the block is handed out again, up to the pool's size (600k+ blocks for a 0.5b model
+on an H200), and as objects they were the part of the tracked heap that grows with the cache: with
+the start-up heap frozen, as the server does, each full collection of the H200 benchmark process
+still took about 40 ms, the objects made since start-up, of which the cache entries are the ones
+that accumulate (the sixteenth session, docs/performance.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Hashable, Optional, Sequence
 
-
-@dataclass(slots=True, eq=False)
-class CachedBlock:
-    """One cached full block (identity matters: children point at their parent entry)."""
-
-    block_id: int
-    block_hash: int  # the chained key
-    token_ids: tuple[int, ...]  # block_size tokens, checked on hit
-    parent: Optional["CachedBlock"]  # the entry of the previous block; None for a sequence's first block
-    extra: Hashable  # (model identity, cache salt), checked on hit
-    live: bool = True  # False once the block was evicted (handed out for other KV)
-
+CachedBlock = tuple  # (block_id, block_hash, token_ids, parent, extra); identity matters: children point at their parent
+BLOCK_ID, BLOCK_HASH, TOKEN_IDS, PARENT, EXTRA = range(5)
 
 # Stands in a request's chain where a block could not be cached (its parent died, or its key is
-# held by an entry still in use): nothing after it is cached for that request.
-BROKEN = CachedBlock(block_id=-1, block_hash=0, token_ids=(), parent=None, extra=None, live=False)
+# held by an entry still in use): nothing after it is cached for that request. Never live.
+BROKEN: CachedBlock = (-1, 0, (), None, None)
 
 
 def chain_hash(parent: Optional[int], token_ids: tuple[int, ...], extra: Hashable) -> int:
@@ -50,6 +50,10 @@ class PrefixCache:
     def is_cached(self, block_id: int) -> bool:
         return block_id in self._by_block
 
+    def is_live(self, entry: CachedBlock) -> bool:
+        """Whether ``entry`` still stands for its block's KV (not evicted, not BROKEN)."""
+        return self._by_block.get(entry[BLOCK_ID]) is entry
+
     def match(self, hashes: Sequence[int], tokens_of: Callable[[int], tuple[int, ...]], extra: Hashable,
               max_blocks: int) -> list[CachedBlock]:
         """The longest run of leading blocks whose KV is cached (at most ``max_blocks``)."""
@@ -57,8 +61,8 @@ class PrefixCache:
         parent = None
         for i in range(min(max_blocks, len(hashes))):
             entry = self._by_hash.get(hashes[i])
-            if (entry is None or entry.parent is not parent or entry.extra != extra
-                    or entry.token_ids != tokens_of(i)):
+            if (entry is None or entry[PARENT] is not parent or entry[EXTRA] != extra
+                    or entry[TOKEN_IDS] != tokens_of(i)):
                 break
             matched.append(entry)
             parent = entry
@@ -71,18 +75,18 @@ class PrefixCache:
         That is the new entry, or an equal entry cached earlier (then ``block_id`` stays uncached:
         two requests computed the same block at once), or BROKEN when the block cannot be cached.
         """
-        if parent is not None and not parent.live:
-            return BROKEN
+        if parent is not None and self._by_block.get(parent[BLOCK_ID]) is not parent:
+            return BROKEN  # its parent died
         existing = self._by_hash.get(block_hash)
         if existing is not None:
-            if existing.parent is parent and existing.token_ids == token_ids and existing.extra == extra:
+            if existing[PARENT] is parent and existing[TOKEN_IDS] == token_ids and existing[EXTRA] == extra:
                 return existing
             # A hash collision, or an entry whose parent died (unreachable, yet holding the key).
-            if in_use(existing.block_id):
+            if in_use(existing[BLOCK_ID]):
                 return BROKEN
-            self.evict(existing.block_id)
+            self.evict(existing[BLOCK_ID])
         assert block_id not in self._by_block, f"block {block_id} is cached twice"
-        entry = CachedBlock(block_id, block_hash, token_ids, parent, extra)
+        entry = (block_id, block_hash, token_ids, parent, extra)
         self._by_hash[block_hash] = entry
         self._by_block[block_id] = entry
         return entry
@@ -94,11 +98,11 @@ class PrefixCache:
         """Forget the block's KV (it is being handed out for new KV); a no-op for uncached blocks."""
         entry = self._by_block.pop(block_id, None)
         if entry is not None:
-            del self._by_hash[entry.block_hash]
-            entry.live = False
+            del self._by_hash[entry[BLOCK_HASH]]
 
     def check_invariants(self) -> None:
         assert len(self._by_hash) == len(self._by_block), "cache index and block map differ in size"
         for block_hash, entry in self._by_hash.items():
-            assert entry.live and entry.block_hash == block_hash, f"stale cache entry for block {entry.block_id}"
-            assert self._by_block.get(entry.block_id) is entry, f"block {entry.block_id} maps to another entry"
+            assert type(entry) is tuple, "an entry must be a plain tuple (see the module docstring)"
+            assert entry[BLOCK_HASH] == block_hash, f"stale cache entry for block {entry[BLOCK_ID]}"
+            assert self._by_block.get(entry[BLOCK_ID]) is entry, f"block {entry[BLOCK_ID]} maps to another entry"

@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Sequence
 
 from aioinfer.core.kv_cache_manager import KVCacheManager, cdiv
+from aioinfer.core.prefix_cache import BLOCK_ID
 from aioinfer.core.request_queue import outranks
 from aioinfer.request import Request
 
@@ -31,7 +32,7 @@ def num_victims_for(request: Request, running: Sequence[Request], kv: KVCacheMan
         if len(running) - num_victims >= max_num_seqs:
             continue
         freed = {b for b, n in released.items() if kv.pool.ref_counts[b] == n}
-        revived = sum(1 for entry in hits if kv.pool.is_free(entry.block_id) or entry.block_id in freed)
+        revived = sum(1 for entry in hits if kv.pool.is_free(entry[BLOCK_ID]) or entry[BLOCK_ID] in freed)
         if need + kv.num_reserved_blocks - outstanding <= kv.num_free_blocks + len(freed) - revived:
             return num_victims
     return None

@@ -75,7 +75,7 @@ class PrefixCache:
         That is the new entry, or an equal entry cached earlier (then ``block_id`` stays uncached:
         two requests computed the same block at once), or BROKEN when the block cannot be cached.
         """
-        if parent is not None and self._by_block.get(parent[BLOCK_ID]) is not parent:
+        if parent is not None and not self.is_live(parent):
             return BROKEN  # its parent died
         existing = self._by_hash.get(block_hash)
         if existing is not None:

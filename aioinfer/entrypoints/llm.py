@@ -87,6 +87,13 @@ class LLM:
     ) -> list[RequestOutput]:
         """``priority``: one per prompt, lower runs first. ``cache_salt``: one for all prompts or one
         per prompt; only prompts with equal salts share prefix-cache blocks (tenant isolation)."""
+        # No full collection of the start-up heap while the call runs (230-270 ms each on the H200
+        # host, about once a workload-1 run; utils/gc_deferral.py). The whole call, not only its step
+        # loop: the one held back by the call before would otherwise come while this one tokenizes.
+        with full_collections_deferred():
+            return self._generate(prompts, sampling_params, use_tqdm, priority, cache_salt)
+
+    def _generate(self, prompts, sampling_params, use_tqdm: bool, priority, cache_salt) -> list[RequestOutput]:
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
@@ -111,10 +118,7 @@ class LLM:
             if text is None and isinstance(prompt, dict):
                 text = prompt.get("prompt")  # a TokensPrompt may carry the text its ids stand for
             prepared.append((text, ids, params, prompt_salt(prompt, salt)))
-        # No full collection of the start-up heap while the batch runs (230-270 ms each on the H200
-        # host, about once a workload-1 run; utils/gc_deferral.py).
-        with full_collections_deferred():
-            return self._run(prepared, use_tqdm, priority)
+        return self._run(prepared, use_tqdm, priority)
 
     def chat(
         self,

@@ -7,7 +7,9 @@ On the H200 host one took 230-270 ms with the GIL held, about once a workload-1 
 batch runs, the oldest generation's threshold is raised out of reach, so the collector still
 collects the young generations (what the batch itself makes and drops) but never the whole heap;
 the thresholds are restored exactly afterwards, and the full collection the batch held back then
-comes at the next young collection, outside the step loop.
+comes at the next young collection, outside the step loop. ``LLM.generate`` defers for the whole
+call: deferring around its step loop only, the collection held back by one call came while the next
+one tokenized its prompts (the seventeenth session, on the H200).
 
 Nothing changes in what is freed: reference counting frees as always, and cyclic garbage that
 reached the oldest generation is collected after the batch. (``gc.freeze()``, which the server uses

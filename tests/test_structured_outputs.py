@@ -154,6 +154,28 @@ def test_regex_choice_and_grammar_outputs_match_when_sampled(smollm2):
                 assert matches(completion.text), (constraint.kind, completion.text)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_complete_grammar_keeps_taking_eos_when_eos_is_ignored(smollm2_gguf, async_scheduling):
+    """With ``ignore_eos`` a request runs on after its grammar is complete: the matcher, stopped, is
+    given every EOS sampled under its EOS-only mask (no row is left out of the batch's advance) and
+    accepts each one; a free request beside it is unaffected."""
+    llm = _llm(smollm2_gguf, async_scheduling=async_scheduling)
+    masks = llm.engine.runner.grammar_masks
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                             structured_outputs=StructuredOutputsParams(choice=["yes", "no"])),
+              SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)]
+    outputs = llm.generate(["Answer: is the sky blue?", "Count to ten:"], params, use_tqdm=False)
+    constrained = outputs[0].outputs[0]
+    eos = set(llm.inputs.eos_token_ids)
+    answer = [t for t in constrained.token_ids if t not in eos]
+    assert llm.get_tokenizer().decode(answer) in ("yes", "no")
+    tail = constrained.token_ids[len(answer):]
+    assert len(constrained.token_ids) == 12 and len(tail) >= 8 and set(tail) <= eos
+    assert masks.num_rejected == 0
+    assert len(outputs[1].outputs[0].token_ids) == 12
+    llm.shutdown()
+
+
 def test_invalid_constraint_raises_and_queues_nothing(smollm2):
     params = SamplingParams(structured_outputs=StructuredOutputsParams(json={"type": "object", "minProperties": "x"}))
     with pytest.raises(InvalidGrammarError, match="JSON schema"):

@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from aioinfer.worker.seeded_noise import triton_available
+from aioinfer.utils.triton_launch import CompiledLaunch, triton_available
 
 
 def apply_bitmask_reference(logits: torch.Tensor, bits: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
@@ -36,7 +36,7 @@ def apply_bitmask_reference(logits: torch.Tensor, bits: torch.Tensor, rows: Opti
 _kernel = None
 
 
-def _get_kernel():
+def _get_kernel() -> CompiledLaunch:
     global _kernel
     if _kernel is None:
         import triton
@@ -56,13 +56,14 @@ def _get_kernel():
             tl.store(out, tl.full([BLOCK], float("-inf"), tl.float32).to(logits_ptr.dtype.element_ty),
                      mask=in_vocab & ~allowed)
 
-        _kernel = apply_bitmask_kernel
+        _kernel = CompiledLaunch(apply_bitmask_kernel)  # launched every constrained step: utils/triton_launch.py
     return _kernel
 
 
 def apply_bitmask_triton(logits: torch.Tensor, bits: torch.Tensor, rows: Optional[torch.Tensor],
                          block: int = 2048) -> torch.Tensor:
-    """``apply_bitmask_reference`` on CUDA tensors in one launch (no host sync)."""
+    """``apply_bitmask_reference`` on CUDA tensors in one launch (no host sync). ``bits`` may also be
+    pinned host rows mapped for the device (mask_slots.py): the kernel reads them over the bus."""
     if logits.stride(1) != 1:
         raise ValueError("the logits' rows must be contiguous")
     bits = bits.contiguous()
@@ -71,8 +72,8 @@ def apply_bitmask_triton(logits: torch.Tensor, bits: torch.Tensor, rows: Optiona
         import triton
 
         grid = (num_masks, triton.cdiv(vocab, block))
-        _get_kernel()[grid](logits, bits, rows if rows is not None else bits, vocab, logits.stride(0),
-                            bits.shape[1], HAS_ROWS=rows is not None, BLOCK=block)
+        _get_kernel()(grid, logits, bits, rows if rows is not None else bits, vocab, logits.stride(0), bits.shape[1],
+                      rows is not None, block)
     return logits
 
 

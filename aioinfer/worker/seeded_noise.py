@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from aioinfer.utils.triton_launch import CompiledLaunch, triton_available
+
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
@@ -124,7 +126,7 @@ def _get_kernel():
                 u = ((z >> 41).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
                 tl.store(out, -tl.log(u), mask=mask)
 
-        _kernel = seeded_exponential_kernel
+        _kernel = CompiledLaunch(seeded_exponential_kernel)  # launched every sampling step: utils/triton_launch.py
     return _kernel
 
 
@@ -143,7 +145,7 @@ def seeded_exponential_triton(keys: torch.Tensor, vocab_size: int, block: int = 
         import triton
 
         grid = (keys.shape[0], triton.cdiv(vocab_size, block))
-        _get_kernel()[grid](keys, out, vocab_size, out.stride(0), BLOCK=block, RAW_BITS=raw_bits)
+        _get_kernel()(grid, keys, out, vocab_size, out.stride(0), block, raw_bits)
     return out
 
 
@@ -152,17 +154,3 @@ def seeded_exponential(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     if keys.device.type == "cuda" and triton_available():
         return seeded_exponential_triton(keys, vocab_size)
     return seeded_exponential_torch(keys, vocab_size)
-
-
-_TRITON_OK: bool | None = None
-
-
-def triton_available() -> bool:
-    global _TRITON_OK
-    if _TRITON_OK is None:
-        try:
-            import triton  # noqa: F401
-            _TRITON_OK = True
-        except ImportError:  # a CUDA machine without Triton still samples, through torch
-            _TRITON_OK = False
-    return _TRITON_OK

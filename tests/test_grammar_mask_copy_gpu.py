@@ -1,6 +1,7 @@
-"""CUDA: the masks' host-to-device copy, started by the engine thread on a stream of its own once the
-grammar worker has computed them (worker/grammar_mask.py ``poll``, ``_copy_to_device``), is waited
-for before sampling. Steps scheduled ahead
+"""CUDA: the masks of steps launched ahead reach the apply as it reads them: the slots' pinned host
+rows read by the Triton kernel itself, or (without it) their copy to device rows on a stream of the
+engine's, waited for before sampling (worker/mask_slots.py); both give the reference's logits. Steps
+scheduled ahead
 (async scheduling, masks deferred to the worker) must give every constrained request the same greedy
 tokens as lockstep steps (masks filled at launch), and every token must be one the grammar accepts:
 a mask read before its copy landed would let a disallowed token through."""
@@ -12,6 +13,8 @@ import torch
 
 from aioinfer import LLM, SamplingParams
 from aioinfer.structured_output import StructuredOutputsParams
+from aioinfer.worker.bitmask_apply import apply_bitmask, apply_bitmask_reference
+from aioinfer.worker.mask_slots import MaskSlots
 from json_schemas import schemas
 from tiny_models import make_tiny_model_dir
 
@@ -41,3 +44,27 @@ def test_worker_copied_masks_equal_lockstep_masks(tmp_path):
             assert llm.engine.runner.num_deferred_steps > 0  # the worker's copies were used
         llm.shutdown()
     assert tokens[True] == tokens[False]
+
+
+@pytest.mark.parametrize("read_host_rows", [True, False])
+def test_the_apply_masks_from_a_slot_as_the_reference_does(read_host_rows):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    device = torch.device("cuda")
+    vocab = 151936
+    num_words = (vocab + 31) // 32
+    slots = MaskSlots(num_words, device, rows=4, read_host_rows=read_host_rows)
+    assert slots.reads_host_rows == read_host_rows  # the image has Triton and cuda-python
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn((6, vocab), generator=generator).to(device)
+    rows = torch.tensor([0, 3, 5])
+    for step in range(4):  # the slots in turn, rows written again two takes later
+        slot = slots.take(3)
+        slot.host[:3] = torch.randint(-2**31, 2**31 - 1, (3, num_words), generator=generator, dtype=torch.int32)
+        slots.start_copy(slot, 3)
+        bits = slots.apply_rows(slot, 3)
+        assert (bits.data_ptr() == slot.host.data_ptr()) == read_host_rows
+        masked = apply_bitmask(logits.clone(), bits, rows.to(device))
+        expected = apply_bitmask_reference(logits.cpu(), slot.host[:3].clone(), rows)
+        assert torch.equal(masked.cpu(), expected), step
+    slots.close()

@@ -18,7 +18,7 @@ def test_slots_alternate_and_a_slot_is_its_own_rows_again_two_takes_later():
     assert third is first and second.host.data_ptr() != first.host.data_ptr()
     third.host[:2].fill_(7)
     slots.start_copy(third, 2)  # nothing to copy on the CPU
-    rows = slots.device_rows(third, 2)
+    rows = slots.apply_rows(third, 2)
     assert rows.data_ptr() == third.host.data_ptr() and torch.equal(rows, torch.full((2, 5), 7, dtype=torch.int32))
 
 
@@ -29,7 +29,7 @@ def test_slots_grow_for_a_larger_step_and_keep_the_outgrown_ones():
     large = slots.take(5)  # more rows than the slots hold: both made again, at 5 rows
     assert slots.rows == 5 and large.host.shape == (5, 3)
     # A step in flight that took the small slot still copies and reads the rows the worker wrote.
-    assert torch.equal(slots.device_rows(small, 2), torch.ones((2, 3), dtype=torch.int32))
+    assert torch.equal(slots.apply_rows(small, 2), torch.ones((2, 3), dtype=torch.int32))
     again = slots.take(9)
     assert slots.rows == 10  # twice the rows when that is more than the step needs
     assert again.host.shape == (10, 3)

@@ -8,10 +8,11 @@ matchers take them and a worker thread computes the masks (``start``; grammar_wo
 engine handles the collected step, schedules the next and prepares its inputs, asking between those
 tasks whether the masks are ready (``poll``: then it starts their copy, beside the forward, and the
 step is sampled, ``finish_fill`` and ``apply``, at once); at the latest it is sampled just before
-the next one is launched. One pinned host-to-device copy carries the masks (a step launched ahead:
-from one of two slots made once, mask_slots.py), and ``apply`` sets
-every disallowed logit to -inf on the device before the sampler sees them (so logprobs are those
-of the masked distribution, as in vLLM). A request with drafts has one mask per row: the mask after each draft, computed by advancing its matcher through the drafts
+the next one is launched. The masks reach the device in one transfer from pinned memory: a step
+launched ahead has them in one of two slots made once, whose host rows the apply kernel reads itself
+(mask_slots.py); a lockstep step copies its buffer on the compute stream. ``apply`` sets every
+disallowed logit to -inf on the device before the sampler sees them (so logprobs are those of the
+masked distribution, as in vLLM). A request with drafts has one mask per row: the mask after each draft, computed by advancing its matcher through the drafts
 and back (llguidance stops at a draft the grammar rejects; the rows after it are discarded by
 verification anyway, since that draft is not in the mask before it).
 
@@ -263,11 +264,11 @@ class GrammarMasks:
                 pending.job.wait()
                 self.wait_seconds += time.perf_counter() - waited
                 self._take_job(pending)
-            if pending.slot is not None:  # launched ahead: the copy stream carries the slot's rows
+            if pending.slot is not None:  # launched ahead (never under tensor parallelism: engine_core.py)
                 if not pending.copied:
                     self._slots.start_copy(pending.slot, num_masks)
                     pending.copied = True
-                bits = self._slots.device_rows(pending.slot, num_masks)
+                bits = self._slots.apply_rows(pending.slot, num_masks)
             else:  # the CPU, or lockstep (copied on the compute stream, after the forward)
                 bits = pending.host.to(self.device, non_blocking=True) if self.device.type == "cuda" else pending.host
             if self._group is not None:

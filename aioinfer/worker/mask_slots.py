@@ -1,17 +1,28 @@
-"""Where the masks of steps launched ahead live: two slots, each pinned host rows, device rows and a
-copy event, made once and taken in turn (grammar_mask.py ``plan``).
+"""Where the masks of steps launched ahead live: two slots, each pinned host rows (and, where the
+apply cannot read those, device rows and a copy event), made once and taken in turn (grammar_mask.py
+``plan``).
 
 The grammar worker writes a step's masks into its slot's host rows once the step before it is
-collected; the engine copies them to the slot's device rows on a stream of its own, while the
-forward computes, and the compute stream waits for that copy before the apply reads them.
+collected. On CUDA with Triton the apply reads those rows itself, over the bus: pinned memory is
+mapped into the device's address space (checked once, at the slots' making), so the step's one
+transfer of its masks is the apply kernel's read, with no copy call, event or stream wait on the
+engine thread (three driver calls a step, about 30 µs of its CPU by the seventeenth session's
+profile). The read costs the device what the copy did: at 128 rows of Qwen2.5's vocabulary the
+apply takes 0.11 ms reading host rows against 0.07 ms reading device rows plus a 0.05 ms copy (the
+eighteenth session, H200). In one engine the two forms gave 0.874 and 0.880 of the free throughput
+(8 rounds each, docs/performance.md): no difference that host resolves; this one is kept for the
+engine thread's sake, where a slow host's step is bound.
+Elsewhere (CUDA without Triton: the torch apply, whose ops want device tensors) the engine copies
+the rows to the slot's device rows on a stream of its own, while the forward computes, and the
+compute stream waits for that copy before the apply reads them.
 
 Two slots are enough, with nothing to wait for on the host: the engine collects every step (its
 sampled ids synced on) before it launches the step after the next one, and a slot is written only
 after the step that takes it is launched. The step that used the slot before (two slot-taking
 launches back) has then been collected, so its copy (which read the host rows) and its apply (which
-read the device rows, on the compute stream before its sampling) are done. The device rows are
-made on the copy stream, which writes them: a block of the compute stream's pool could be one its
-queued kernels still use (the thirteenth session's ring lost 71 tokens to that on 7b).
+read the host or device rows, on the compute stream before its sampling) are done. The device rows
+are made on the copy stream, which writes them: a block of the compute stream's pool could be one
+its queued kernels still use (the thirteenth session's ring lost 71 tokens to that on 7b).
 
 Made once because a fresh pinned buffer, device buffer and event a step, under a stream context,
 cost the engine thread about 40 µs a constrained step in a hot loop and several times that in the
@@ -31,6 +42,8 @@ from typing import Any, Optional
 
 import torch
 
+from aioinfer.utils.triton_launch import triton_available
+
 
 @dataclass(slots=True)
 class MaskSlot:
@@ -39,12 +52,14 @@ class MaskSlot:
 
     index: int  # 0 or 1: taken in turn
     host: torch.Tensor  # [rows, W] int32, pinned on CUDA
-    device: torch.Tensor  # [rows, W] int32 (the host rows on the CPU)
-    event: Any  # the copy's event (cuda-python or torch), None on the CPU
+    device: torch.Tensor  # [rows, W] int32: the rows the apply reads (the host rows themselves unless copied)
+    event: Any  # the copy's event (cuda-python or torch); None when nothing is copied
 
 
 class MaskSlots:
-    def __init__(self, num_words: int, device: torch.device, rows: int) -> None:
+    def __init__(self, num_words: int, device: torch.device, rows: int, read_host_rows: bool = True) -> None:
+        """``read_host_rows=False``: copy to device rows even where the apply could read the host rows
+        (tests, and the benchmarks' A/B)."""
         self.num_words = num_words
         self.device = device
         self._on_cuda = device.type == "cuda"
@@ -52,14 +67,29 @@ class MaskSlots:
         self._retired: list = []  # slots outgrown while a step in flight may still read them
         self._copy_stream: Optional[torch.cuda.Stream] = None
         self._rt = None  # cuda.bindings.runtime, when installed
+        # The apply reads the pinned host rows itself (CUDA, Triton, the rows mapped for the device).
+        self.reads_host_rows = False
         if self._on_cuda:
-            self._copy_stream = torch.cuda.Stream(device)
             try:
                 from cuda.bindings import runtime as cudart  # lazy: never imported on the CPU path
             except ImportError:
                 cudart = None
             self._rt = cudart
+            self.reads_host_rows = (read_host_rows and cudart is not None and triton_available()
+                                    and self._device_reads_pinned())
+            if not self.reads_host_rows:
+                self._copy_stream = torch.cuda.Stream(device)
         self._make(max(rows, 1))
+
+    def _device_reads_pinned(self) -> bool:
+        """Whether pinned host memory is mapped for the device (it is wherever the driver gives host
+        and device one address space, as on every 64-bit Linux; checked rather than assumed)."""
+        probe = torch.empty((1, self.num_words), dtype=torch.int32, pin_memory=True)
+        with torch.cuda.device(self.device):
+            error, attributes = self._rt.cudaPointerGetAttributes(probe.data_ptr())
+        return (error == self._rt.cudaError_t.cudaSuccess
+                and attributes.type == self._rt.cudaMemoryType.cudaMemoryTypeHost
+                and int(attributes.devicePointer) != 0)
 
     @property
     def rows(self) -> int:
@@ -70,7 +100,7 @@ class MaskSlots:
 
     def _slot(self, index: int, rows: int) -> MaskSlot:
         host = torch.empty((rows, self.num_words), dtype=torch.int32, pin_memory=self._on_cuda)
-        if not self._on_cuda:
+        if not self._on_cuda or self.reads_host_rows:
             return MaskSlot(index, host, host, None)
         with torch.cuda.stream(self._copy_stream):  # blocks of the stream that writes them
             device = torch.empty((rows, self.num_words), dtype=torch.int32, device=self.device)
@@ -91,8 +121,9 @@ class MaskSlots:
         return slot
 
     def start_copy(self, slot: MaskSlot, num_rows: int) -> None:
-        """Start the host-to-device copy of the slot's first ``num_rows`` rows on the copy stream."""
-        if not self._on_cuda:
+        """Start the host-to-device copy of the slot's first ``num_rows`` rows on the copy stream (if
+        the apply does not read the host rows themselves)."""
+        if slot.event is None:
             return
         if self._rt is None:
             with torch.cuda.stream(self._copy_stream):
@@ -104,10 +135,10 @@ class MaskSlots:
                                        rt.cudaMemcpyKind.cudaMemcpyHostToDevice, stream))
         self._check(rt.cudaEventRecord(slot.event, stream))
 
-    def device_rows(self, slot: MaskSlot, num_rows: int) -> torch.Tensor:
-        """The slot's first ``num_rows`` device rows, once the compute stream has waited for their copy
-        (``start_copy`` was called)."""
-        if self._on_cuda:
+    def apply_rows(self, slot: MaskSlot, num_rows: int) -> torch.Tensor:
+        """The first ``num_rows`` of the rows the apply reads: the host rows themselves, or their device
+        copy once the compute stream has waited for it (``start_copy`` was called)."""
+        if slot.event is not None:
             compute = torch.cuda.current_stream(self.device)
             if self._rt is None:
                 compute.wait_event(slot.event)
@@ -121,7 +152,8 @@ class MaskSlots:
         if self._rt is None:
             return
         for slot in self._slots + self._retired:
-            self._rt.cudaEventDestroy(slot.event)
+            if slot.event is not None:
+                self._rt.cudaEventDestroy(slot.event)
         self._rt, self._retired = None, []
 
     def _check(self, result: tuple) -> tuple:

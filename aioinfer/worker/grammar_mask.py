@@ -9,10 +9,10 @@ engine handles the collected step, schedules the next and prepares its inputs, a
 tasks whether the masks are ready (``poll``: then it starts their copy, beside the forward, and the
 step is sampled, ``finish_fill`` and ``apply``, at once); at the latest it is sampled just before
 the next one is launched. The masks reach the device in one transfer from pinned memory: a step
-launched ahead has them in one of two slots made once, whose host rows the apply kernel reads itself
-(mask_slots.py); a lockstep step copies its buffer on the compute stream. ``apply`` sets every
-disallowed logit to -inf on the device before the sampler sees them (so logprobs are those of the
-masked distribution, as in vLLM). A request with drafts has one mask per row: the mask after each draft, computed by advancing its matcher through the drafts
+launched ahead has them in one of two slots made once, copied to the slot's device rows on a stream
+of their own beside the forward (mask_slots.py); a lockstep step copies its buffer on the compute
+stream. ``apply`` sets every disallowed logit to -inf on the device before the sampler sees them
+(so logprobs are those of the masked distribution, as in vLLM). A request with drafts has one mask per row: the mask after each draft, computed by advancing its matcher through the drafts
 and back (llguidance stops at a draft the grammar rejects; the rows after it are discarded by
 verification anyway, since that draft is not in the mask before it).
 

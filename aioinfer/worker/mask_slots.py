@@ -1,20 +1,21 @@
-"""Where the masks of steps launched ahead live: two slots, each pinned host rows (and, where the
-apply cannot read those, device rows and a copy event), made once and taken in turn (grammar_mask.py
+"""Where the masks of steps launched ahead live: two slots, each pinned host rows (and, unless the
+apply reads those, device rows and a copy event), made once and taken in turn (grammar_mask.py
 ``plan``).
 
 The grammar worker writes a step's masks into its slot's host rows once the step before it is
-collected. On CUDA with Triton the apply reads those rows itself, over the bus: pinned memory is
-mapped into the device's address space (checked once, at the slots' making), so the step's one
-transfer of its masks is the apply kernel's read, with no copy call, event or stream wait on the
-engine thread (three driver calls a step, about 30 µs of its CPU by the seventeenth session's
-profile). The read costs the device what the copy did: at 128 rows of Qwen2.5's vocabulary the
-apply takes 0.11 ms reading host rows against 0.07 ms reading device rows plus a 0.05 ms copy (the
-eighteenth session, H200). In one engine the two forms gave 0.874 and 0.880 of the free throughput
-(8 rounds each, docs/performance.md): no difference that host resolves; this one is kept for the
-engine thread's sake, where a slow host's step is bound.
-Elsewhere (CUDA without Triton: the torch apply, whose ops want device tensors) the engine copies
-the rows to the slot's device rows on a stream of its own, while the forward computes, and the
-compute stream waits for that copy before the apply reads them.
+collected; the engine copies them to the slot's device rows on a stream of its own while the forward
+computes (started by its polls), and the compute stream waits for that copy before the apply reads
+them. With cuda-python the copy, its event and the compute stream's wait are one driver call each.
+The apply may instead read the pinned host rows itself, over the bus (``read_host_rows=True``, on
+CUDA with Triton where pinned memory is mapped for the device, checked once at the slots' making):
+no copy, event or stream wait. It is not the default, because it costs more on both sides: the
+device's apply takes 0.11 ms reading host rows against 0.07 ms reading device rows (plus a 0.05 ms
+copy that overlaps the forward; the eighteenth session, H200, 128 rows of Qwen2.5's vocabulary), and
+Triton's launcher asks the driver where the device sees each pointer at every launch, which for pinned
+host memory took the engine thread 101 µs a launch against 25 µs for device rows on a slow H200 host
+(the nineteenth session), more than the copy's three driver calls (about 30 µs, the seventeenth
+session's profile). In one engine the two forms gave 0.880 (copy) and 0.874 (host rows) of the free
+throughput (8 rounds each, docs/performance.md).
 
 Two slots are enough, with nothing to wait for on the host: the engine collects every step (its
 sampled ids synced on) before it launches the step after the next one, and a slot is written only
@@ -29,8 +30,7 @@ cost the engine thread about 40 µs a constrained step in a hot loop and several
 step (the fifteenth session: the engine-side path with no grammar work went from 0.86 of the free
 throughput to 0.87-0.98, docs/performance.md).
 Slots grow (to twice the rows, or the rows needed) when a step has more rows than they hold; the
-old ones are kept until ``close``, since a step in flight may still read them. With cuda-python the
-copy, its event and the compute stream's wait are one driver call each.
+old ones are kept until ``close``, since a step in flight may still read them.
 
 On the CPU the host rows are the rows the apply reads: no copy, no event.
 """
@@ -57,9 +57,9 @@ class MaskSlot:
 
 
 class MaskSlots:
-    def __init__(self, num_words: int, device: torch.device, rows: int, read_host_rows: bool = True) -> None:
-        """``read_host_rows=False``: copy to device rows even where the apply could read the host rows
-        (tests, and the benchmarks' A/B)."""
+    def __init__(self, num_words: int, device: torch.device, rows: int, read_host_rows: bool = False) -> None:
+        """``read_host_rows=True``: the apply reads the host rows themselves where it can (CUDA, Triton,
+        pinned memory mapped for the device): tests, and the benchmarks' A/B."""
         self.num_words = num_words
         self.device = device
         self._on_cuda = device.type == "cuda"

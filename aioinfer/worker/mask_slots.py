@@ -11,10 +11,10 @@ CUDA with Triton where pinned memory is mapped for the device, checked once at t
 no copy, event or stream wait. It is not the default, because it costs more on both sides: the
 device's apply takes 0.11 ms reading host rows against 0.07 ms reading device rows (plus a 0.05 ms
 copy that overlaps the forward; the eighteenth session, H200, 128 rows of Qwen2.5's vocabulary), and
-Triton's launcher asks the driver where the device sees each pointer at every launch, which for pinned
-host memory took the engine thread 101 µs a launch against 25 µs for device rows on a slow H200 host
-(the nineteenth session), more than the copy's three driver calls (about 30 µs, the seventeenth
-session's profile). In one engine the two forms gave 0.880 (copy) and 0.874 (host rows) of the free
+its launch took the engine thread 101 µs against 25 µs for device rows on a slow H200 host (the
+nineteenth session; Triton's launcher asks the driver about each tensor's address at every launch,
+the likely cause), more than the copy's three driver calls (about 30 µs, the seventeenth session's
+profile). In one engine the two forms gave 0.880 (copy) and 0.874 (host rows) of the free
 throughput (8 rounds each, docs/performance.md).
 
 Two slots are enough, with nothing to wait for on the host: the engine collects every step (its

@@ -8,14 +8,15 @@ computes (started by its polls), and the compute stream waits for that copy befo
 them. With cuda-python the copy, its event and the compute stream's wait are one driver call each.
 The apply may instead read the pinned host rows itself, over the bus (``read_host_rows=True``, on
 CUDA with Triton where pinned memory is mapped for the device, checked once at the slots' making):
-no copy, event or stream wait. It is not the default, because it costs more on both sides: the
-device's apply takes 0.11 ms reading host rows against 0.07 ms reading device rows (plus a 0.05 ms
-copy that overlaps the forward; the eighteenth session, H200, 128 rows of Qwen2.5's vocabulary), and
-its launch took the engine thread 101 µs against 25 µs for device rows on a slow H200 host (the
-nineteenth session; Triton's launcher asks the driver about each tensor's address at every launch,
-the likely cause), more than the copy's three driver calls (about 30 µs, the seventeenth session's
-profile). In one engine the two forms gave 0.880 (copy) and 0.874 (host rows) of the free
-throughput (8 rounds each, docs/performance.md).
+no copy, event or stream wait. It is not the default, because the device pays for it: the apply
+takes 0.10-0.11 ms reading host rows against 0.02-0.07 ms reading device rows (plus a 0.05 ms copy
+that overlaps the forward; H200, 128 rows of Qwen2.5's vocabulary, the eighteenth and twentieth
+sessions). The engine thread pays about the same either way: a launch alone took 19-24 µs of its CPU
+(the twentieth session; the nineteenth's 101 µs against 25 came from 3,000 launches back to back,
+where the launches wait for room in a queue the slower apply drains), and the copy's three driver
+calls add about 30 µs (the seventeenth session's profile). In one engine the two forms gave 0.886
+(copy) and 0.781 (host rows) on one slow host, 0.857 and 0.874 on another, and 0.880 and 0.874 on
+a faster one (6-8 rounds each, docs/performance.md).
 
 Two slots are enough, with nothing to wait for on the host: the engine collects every step (its
 sampled ids synced on) before it launches the step after the next one, and a slot is written only

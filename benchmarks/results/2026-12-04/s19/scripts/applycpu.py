@@ -37,7 +37,7 @@ out = {}
 try:
     from aioinfer.utils.triton_launch import DeviceAddress  # noqa: F401  (the tree after call 6)
     from aioinfer.worker.mask_slots import MaskSlots
-    slots = MaskSlots(W, torch.device("cuda"), N)
+    slots = MaskSlots(W, torch.device("cuda"), N, read_host_rows=True)
     slot = slots.take(N)
     slot.host.fill_(-1)
     out["apply_host_rows_address_us"] = min(

@@ -3,7 +3,10 @@ copied to device rows (the default again since the nineteenth session), plus ``h
 made again with ``read_host_rows=True``: the apply reads the pinned host rows, its launcher given their
 address as an integer, utils/triton_launch.py ``DeviceAddress``) and ``host_rows_tensor`` (the same rows
 given as tensors: the launcher asks the driver for their address every launch, the eighteenth
-session's landed form)."""
+session's landed form); ``deferral_only`` (prepared for the next session, not run: diag19.py's
+``no_grammar_work`` without the masks' copy, StepMask and apply either, so that only the deferred
+sampling's structure is left: with ``no_grammar_work`` beside it, it splits the path's cost between
+the copy + apply and the deferral itself)."""
 import os
 import sys
 
@@ -40,7 +43,19 @@ def _host_rows(with_address):
     return variant
 
 
-rounds.VARIANTS.update(host_rows=_host_rows(True), host_rows_tensor=_host_rows(False))
+def deferral_only(engine):
+    masks = engine.runner.grammar_masks
+    undo_work = diag19.no_grammar_work(engine)
+    masks.poll = lambda pending: True  # every token allowed: nothing to copy or apply
+    masks.finish_fill = lambda pending: None
+
+    def undo():
+        del masks.poll, masks.finish_fill
+        undo_work()
+    return undo
+
+
+rounds.VARIANTS.update(host_rows=_host_rows(True), host_rows_tensor=_host_rows(False), deferral_only=deferral_only)
 
 if __name__ == "__main__":
     if "--phases" in sys.argv:

@@ -62,8 +62,7 @@ def _get_kernel() -> CompiledLaunch:
 
 def apply_bitmask_triton(logits: torch.Tensor, bits: torch.Tensor, rows: Optional[torch.Tensor],
                          block: int = 2048) -> torch.Tensor:
-    """``apply_bitmask_reference`` on CUDA tensors in one launch (no host sync). ``bits`` may also be
-    pinned host rows mapped for the device (mask_slots.py): the kernel reads them over the bus."""
+    """``apply_bitmask_reference`` on CUDA tensors in one launch (no host sync)."""
     if logits.stride(1) != 1:
         raise ValueError("the logits' rows must be contiguous")
     bits = bits.contiguous()

@@ -1,30 +1,25 @@
-"""Where the masks of steps launched ahead live: two slots, each pinned host rows (and, unless the
-apply reads those, device rows and a copy event), made once and taken in turn (grammar_mask.py
-``plan``).
+"""Where the masks of steps launched ahead live: two slots, each pinned host rows, device rows and a
+copy event, made once and taken in turn (grammar_mask.py ``plan``).
 
 The grammar worker writes a step's masks into its slot's host rows once the step before it is
 collected; the engine copies them to the slot's device rows on a stream of its own while the forward
 computes (started by its polls), and the compute stream waits for that copy before the apply reads
 them. With cuda-python the copy, its event and the compute stream's wait are one driver call each.
-The apply may instead read the pinned host rows itself, over the bus (``read_host_rows=True``, on
-CUDA with Triton where pinned memory is mapped for the device, checked once at the slots' making):
-no copy, event or stream wait. It is not the default, because the device pays for it: the apply
-takes 0.10-0.11 ms reading host rows against 0.02-0.07 ms reading device rows (plus a 0.05 ms copy
-that overlaps the forward; H200, 128 rows of Qwen2.5's vocabulary, the eighteenth and twentieth
-sessions). The engine thread pays about the same either way: a launch alone took 19-24 µs of its CPU
-(the twentieth session; the nineteenth's 101 µs against 25 came from 3,000 launches back to back,
-where the launches wait for room in a queue the slower apply drains), and the copy's three driver
-calls add about 30 µs (the seventeenth session's profile). In one engine the two forms gave 0.886
-(copy) and 0.781 (host rows) on one slow host, 0.857 and 0.874 on another, and 0.880 and 0.874 on
-a faster one (6-8 rounds each, docs/performance.md).
+The apply reading the pinned host rows itself over the bus (no copy, event or stream wait; the
+landed form in the eighteenth session) is gone: the device paid for it (the apply took 0.10-0.11 ms
+reading host rows against 0.02-0.07 ms reading device rows, plus a 0.05 ms copy that overlaps the
+forward; H200, 128 rows of Qwen2.5's vocabulary), the engine thread paid about the same either way
+(a launch alone 19-24 µs of its CPU; the copy's three driver calls about 30 µs), and in one engine
+it gave 0.781 and 0.874 of the free throughput against the copy's 0.886 and 0.857 on two slow hosts
+and 0.874 against 0.880 on a faster one (the eighteenth to twentieth sessions, docs/performance.md).
 
 Two slots are enough, with nothing to wait for on the host: the engine collects every step (its
 sampled ids synced on) before it launches the step after the next one, and a slot is written only
 after the step that takes it is launched. The step that used the slot before (two slot-taking
 launches back) has then been collected, so its copy (which read the host rows) and its apply (which
-read the host or device rows, on the compute stream before its sampling) are done. The device rows
-are made on the copy stream, which writes them: a block of the compute stream's pool could be one
-its queued kernels still use (the thirteenth session's ring lost 71 tokens to that on 7b).
+read the device rows, on the compute stream before its sampling) are done. The device rows are made
+on the copy stream, which writes them: a block of the compute stream's pool could be one its queued
+kernels still use (the thirteenth session's ring lost 71 tokens to that on 7b).
 
 Made once because a fresh pinned buffer, device buffer and event a step, under a stream context,
 cost the engine thread about 40 µs a constrained step in a hot loop and several times that in the
@@ -43,8 +38,6 @@ from typing import Any, Optional
 
 import torch
 
-from aioinfer.utils.triton_launch import triton_available
-
 
 @dataclass(slots=True)
 class MaskSlot:
@@ -53,14 +46,12 @@ class MaskSlot:
 
     index: int  # 0 or 1: taken in turn
     host: torch.Tensor  # [rows, W] int32, pinned on CUDA
-    device: torch.Tensor  # [rows, W] int32: the rows the apply reads (the host rows themselves unless copied)
-    event: Any  # the copy's event (cuda-python or torch); None when nothing is copied
+    device: torch.Tensor  # [rows, W] int32: the rows the apply reads (on the CPU, the host rows themselves)
+    event: Any  # the copy's event (cuda-python or torch); None on the CPU, where nothing is copied
 
 
 class MaskSlots:
-    def __init__(self, num_words: int, device: torch.device, rows: int, read_host_rows: bool = False) -> None:
-        """``read_host_rows=True``: the apply reads the host rows themselves where it can (CUDA, Triton,
-        pinned memory mapped for the device): tests, and the benchmarks' A/B."""
+    def __init__(self, num_words: int, device: torch.device, rows: int) -> None:
         self.num_words = num_words
         self.device = device
         self._on_cuda = device.type == "cuda"
@@ -68,29 +59,14 @@ class MaskSlots:
         self._retired: list = []  # slots outgrown while a step in flight may still read them
         self._copy_stream: Optional[torch.cuda.Stream] = None
         self._rt = None  # cuda.bindings.runtime, when installed
-        # The apply reads the pinned host rows itself (CUDA, Triton, the rows mapped for the device).
-        self.reads_host_rows = False
         if self._on_cuda:
             try:
                 from cuda.bindings import runtime as cudart  # lazy: never imported on the CPU path
             except ImportError:
                 cudart = None
             self._rt = cudart
-            self.reads_host_rows = (read_host_rows and cudart is not None and triton_available()
-                                    and self._device_reads_pinned())
-            if not self.reads_host_rows:
-                self._copy_stream = torch.cuda.Stream(device)
+            self._copy_stream = torch.cuda.Stream(device)
         self._make(max(rows, 1))
-
-    def _device_reads_pinned(self) -> bool:
-        """Whether pinned host memory is mapped for the device (it is wherever the driver gives host
-        and device one address space, as on every 64-bit Linux; checked rather than assumed)."""
-        probe = torch.empty((1, self.num_words), dtype=torch.int32, pin_memory=True)
-        with torch.cuda.device(self.device):
-            error, attributes = self._rt.cudaPointerGetAttributes(probe.data_ptr())
-        return (error == self._rt.cudaError_t.cudaSuccess
-                and attributes.type == self._rt.cudaMemoryType.cudaMemoryTypeHost
-                and int(attributes.devicePointer) != 0)
 
     @property
     def rows(self) -> int:
@@ -101,7 +77,7 @@ class MaskSlots:
 
     def _slot(self, index: int, rows: int) -> MaskSlot:
         host = torch.empty((rows, self.num_words), dtype=torch.int32, pin_memory=self._on_cuda)
-        if not self._on_cuda or self.reads_host_rows:
+        if not self._on_cuda:
             return MaskSlot(index, host, host, None)
         with torch.cuda.stream(self._copy_stream):  # blocks of the stream that writes them
             device = torch.empty((rows, self.num_words), dtype=torch.int32, device=self.device)
@@ -122,8 +98,8 @@ class MaskSlots:
         return slot
 
     def start_copy(self, slot: MaskSlot, num_rows: int) -> None:
-        """Start the host-to-device copy of the slot's first ``num_rows`` rows on the copy stream (if
-        the apply does not read the host rows themselves)."""
+        """Start the host-to-device copy of the slot's first ``num_rows`` rows on the copy stream (on
+        CUDA; the CPU has nothing to copy)."""
         if slot.event is None:
             return
         if self._rt is None:
@@ -137,8 +113,8 @@ class MaskSlots:
         self._check(rt.cudaEventRecord(slot.event, stream))
 
     def apply_rows(self, slot: MaskSlot, num_rows: int) -> torch.Tensor:
-        """The first ``num_rows`` of the rows the apply reads: the host rows themselves, or their device
-        copy once the compute stream has waited for it (``start_copy`` was called)."""
+        """The first ``num_rows`` of the rows the apply reads: their device copy once the compute stream
+        has waited for it (``start_copy`` was called), or on the CPU the host rows themselves."""
         if slot.event is not None:
             compute = torch.cuda.current_stream(self.device)
             if self._rt is None:

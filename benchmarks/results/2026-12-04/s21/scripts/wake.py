@@ -90,7 +90,7 @@ def engine_loop(seconds, cpu, submit=None, every=100):
     return n
 
 
-def turns(cpus, queued, seconds=0.5, repeats=5):
+def turns(cpus, queued, seconds=0.3, repeats=5):
     """The engine loop alone and beside the worker, alternating ``repeats`` times; the loss per turn
     from each with-worker run against the mean of the alone runs beside it (the host's pace drifts).
     ``queued``: the worker takes jobs the engine loop queues (grammar_worker.py's form: the engine's

@@ -4,7 +4,8 @@ The grammar worker's three GIL turns a step cost the engine thread 0.13-0.18 ms 
 slow H200 hosts (the twentieth session): about two thread wake-ups each. A KVM guest whose idle CPUs
 halt (no ``haltpoll`` cpuidle driver) pays the host's wake-up of a halted vCPU on each; a guest that
 polls before halting, or a CPU kept busy by a task of the lowest class (SCHED_IDLE, which any other
-task preempts at once), does not. This prints the guest's cpuidle driver and times, per variant:
+task preempts at once), might not (on the CI machine the spinners sped the ping-pong up but did not
+make turns cheaper: docs/performance.md). This prints the guest's cpuidle driver and times, per variant:
 
 - ``pingpong``: two Python threads handing a token back and forth through two locks (two wake-ups
   a round trip; µs a round trip);

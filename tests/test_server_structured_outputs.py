@@ -1,6 +1,7 @@
 """Structured outputs over HTTP with the real openai client: ``chat.completions.parse`` with a pydantic
 model, ``response_format`` json_object and json_schema (streamed and not), vLLM's extras, and a 400
-naming the field for a schema that does not compile."""
+naming the field for a schema that does not compile; then LangChain, LiteLLM, instructor and
+pydantic-ai."""
 
 from __future__ import annotations
 
@@ -167,3 +168,37 @@ def test_instructor_modes(smollm2_server, mode):
                                             max_tokens=120,
                                             messages=_messages(TEXT + " Give her name, age and city."))
     assert isinstance(person, Person) and 0 <= person.age <= 120 and person.name
+
+
+def test_pydantic_ai_typed_outputs(smollm2_server):
+    """pydantic-ai's agents on chat completions: the default tool output (a required tool whose arguments
+    are the model's schema), NativeOutput (response_format json_schema), each streamed and not, and an
+    agent with a tool of its own beside the output; every result comes back validated by pydantic-ai."""
+    import asyncio
+
+    from pydantic_ai import Agent, NativeOutput
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.settings import ModelSettings
+
+    model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=smollm2_server.base_url, api_key="unused"))
+    settings = ModelSettings(temperature=0, max_tokens=120)
+    prompt = TEXT + " Give her name, age and city."
+
+    async def streamed(agent):
+        async with agent.run_stream(prompt) as result:
+            return await result.get_output()
+
+    for output_type in (Person, NativeOutput(Person)):
+        agent = Agent(model, output_type=output_type, model_settings=settings, retries=0)
+        person = agent.run_sync(prompt).output
+        assert isinstance(person, Person) and 0 <= person.age <= 120
+        assert asyncio.run(streamed(agent)) == person  # the same greedy request, streamed
+    with_tool = Agent(model, output_type=Person, model_settings=settings, retries=0)
+
+    @with_tool.tool_plain
+    def home_city(name: str) -> str:
+        """The city a person lives in."""
+        return "Paris"
+
+    assert isinstance(with_tool.run_sync(prompt).output, Person)

@@ -1,5 +1,6 @@
-"""Tool calling over HTTP with the real openai client and LangChain: each tool_choice, streamed and not;
-the arguments always parse (and validate where the grammar imposed them); tool results in the history."""
+"""Tool calling over HTTP with the real openai client, LangChain and openai-agents: each tool_choice,
+streamed and not; the arguments always parse (and validate where the grammar imposed them); tool
+results in the history."""
 
 from __future__ import annotations
 
@@ -152,3 +153,43 @@ def test_langchain_bind_tools_and_function_calling(smollm2_server):
     Weather.model_validate(message.tool_calls[0]["args"])
     weather = chat.with_structured_output(Weather, method="function_calling").invoke("Weather in Rome, in celsius?")
     assert isinstance(weather, Weather)
+
+
+def test_openai_agents_on_chat_completions(smollm2_server):
+    """openai-agents through its chat-completions model (the one used for servers without the Responses
+    API): a typed output (response_format json_schema) and a required tool, streamed and not."""
+    import asyncio
+
+    import openai
+    from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool,
+                        set_tracing_disabled)
+
+    set_tracing_disabled(True)
+    calls = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Current weather of a city."""
+        calls.append(city)
+        return f"Sunny in {city}"
+
+    async def main():
+        client = openai.AsyncOpenAI(base_url=smollm2_server.base_url, api_key="unused", max_retries=0)
+        model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
+        typed = Agent(name="typed", instructions="Answer.", model=model, output_type=Weather,
+                      model_settings=ModelSettings(temperature=0, max_tokens=60))
+        weather = (await Runner.run(typed, "What is the weather in Paris, in celsius?")).final_output
+        # The tool runs once and its result is the answer: the run is bounded whatever the model writes.
+        tool_user = Agent(name="weather", instructions="Use the tools.", model=model, tools=[get_weather],
+                          tool_use_behavior="stop_on_first_tool",
+                          model_settings=ModelSettings(temperature=0, max_tokens=40, tool_choice="required"))
+        answer = (await Runner.run(tool_user, "What is the weather in Paris?")).final_output
+        streamed = Runner.run_streamed(tool_user, "What is the weather in Rome?")
+        async for _ in streamed.stream_events():
+            pass
+        return weather, answer, streamed.final_output
+
+    weather, answer, streamed_answer = asyncio.run(main())
+    assert isinstance(weather, Weather)
+    assert len(calls) == 2 and all(isinstance(city, str) for city in calls)
+    assert answer == f"Sunny in {calls[0]}" and streamed_answer == f"Sunny in {calls[1]}"

@@ -40,6 +40,28 @@ def test_parse_with_a_pydantic_model(smollm2_client):
     assert Person.model_validate_json(message.content) == message.parsed
 
 
+def test_sdk_stream_helper_and_strict_function_tool(smollm2_client):
+    """The SDK's other typed helpers: ``chat.completions.stream(response_format=Model)`` (its final
+    message parsed from the chunks) and ``pydantic_function_tool`` (a strict tool whose arguments
+    ``parse`` validates)."""
+    import openai
+
+    prompt = _messages(TEXT + " Give her as JSON.")
+    with smollm2_client.chat.completions.stream(model=MODEL, messages=prompt, response_format=Person,
+                                                temperature=0, max_tokens=80) as stream:
+        for _ in stream:
+            pass
+        streamed = stream.get_final_completion().choices[0].message.parsed
+    assert streamed == smollm2_client.chat.completions.parse(model=MODEL, messages=prompt, response_format=Person,
+                                                             temperature=0, max_tokens=80).choices[0].message.parsed
+    tool = openai.pydantic_function_tool(Person)
+    assert tool["function"]["strict"] is True
+    completion = smollm2_client.chat.completions.parse(model=MODEL, messages=_messages(TEXT), tools=[tool],
+                                                       tool_choice="required", temperature=0, max_tokens=80)
+    call = completion.choices[0].message.tool_calls[0]
+    assert call.function.name == "Person" and isinstance(call.function.parsed_arguments, Person)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_response_format_json_schema_and_json_object(smollm2_client, stream):
     formats = [{"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True}},

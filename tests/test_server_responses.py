@@ -113,6 +113,26 @@ def test_required_function_tool(smollm2_client, stream):
     jsonschema.validate(json.loads(call.arguments), WEATHER)
 
 
+def test_allowed_tools_tool_choice(smollm2_server, smollm2_client):
+    """The Responses form of allowed_tools ({"type": "allowed_tools", "mode", "tools": [{"type":
+    "function", "name"}]}): only the listed function is called, and the choice is echoed back."""
+    time_tool = {"type": "function", "name": "get_time", "description": "Current time in a timezone",
+                 "parameters": {"type": "object", "additionalProperties": False, "required": ["timezone"],
+                                "properties": {"timezone": {"type": "string", "maxLength": 40}}}}
+    choice = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_time"}]}
+    response = smollm2_client.responses.create(model=MODEL, input="What is the weather in Paris?",
+                                               tools=[TOOL, time_tool], tool_choice=choice, max_output_tokens=60,
+                                               parallel_tool_calls=False, temperature=0)
+    [call] = response.output
+    assert call.type == "function_call" and call.name == "get_time"
+    jsonschema.validate(json.loads(call.arguments), time_tool["parameters"])
+    assert response.tool_choice.model_dump(exclude_none=True) == choice
+    unknown = dict(choice, tools=[{"type": "function", "name": "nope"}])
+    response = httpx.post(smollm2_server.base_url + "/responses", timeout=60,
+                          json={"model": MODEL, "input": "hi", "tools": [TOOL], "tool_choice": unknown})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tool_choice.tools", response.text
+
+
 class Person(BaseModel):
     name: str = Field(max_length=20)
     age: int = Field(ge=0, le=120)

@@ -59,6 +59,19 @@ def test_named_and_required_calls_always_parse(smollm2_client, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_allowed_tools_required_calls_only_those(smollm2_client, stream):
+    """OpenAI's allowed_tools: both tools are in the prompt, but a weather question may only be answered
+    by a call to get_time, the one allowed."""
+    allowed = {"type": "allowed_tools",
+               "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "get_time"}}]}}
+    calls, finish, content = _calls(smollm2_client, stream, tool_choice=allowed)
+    assert finish == "tool_calls" and content is None and calls
+    for call in calls:
+        assert call["function"]["name"] == "get_time"
+        jsonschema.validate(json.loads(call["function"]["arguments"]), TIME)
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_auto_and_none(smollm2_client, stream):
     calls, finish, content = _calls(smollm2_client, stream, tool_choice="none")
     assert calls == [] and finish in ("stop", "length") and content
@@ -94,6 +107,14 @@ def test_auto_parses_hermes_calls_out_of_the_text():
     for text in ('<tool_call>{"name": "get_weather", "arguments": </tool_call>',
                  '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', '{"city": "Paris"}', '[1, 2]'):
         assert plan.parse(text) == (text, [])
+    # allowed_tools in auto mode: a call to a tool not allowed is not a call either.
+    only_time = {"type": "allowed_tools", "allowed_tools": {
+        "mode": "auto", "tools": [{"type": "function", "function": {"name": "get_time"}}]}}
+    plan = tool_plan(ChatCompletionRequest.model_validate({"messages": ASK, "tools": TOOLS, "tool_choice": only_time}))
+    assert plan.tools == [tool for tool in TOOLS]  # every tool still shown to the model
+    weather = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>'
+    assert plan.parse(weather) == (weather, [])
+    assert plan.parse('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')[1][0]["function"]["name"] == "get_time"
 
 
 @pytest.mark.slow
@@ -128,7 +149,15 @@ def test_inconsistent_tool_fields_are_400s(smollm2_server):
              ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not in tools",
               "tool_choice"),
              ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
-              "constrains the output already", "tool_choice")]
+              "constrains the output already", "tool_choice"),
+             ({"tools": TOOLS, "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+                 "mode": "required", "tools": [{"type": "function", "function": {"name": "nope"}}]}}},
+              "'nope', not in tools", "tool_choice.allowed_tools.tools"),
+             ({"tools": TOOLS, "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+                 "mode": "sometimes", "tools": [{"type": "function", "function": {"name": "get_time"}}]}}},
+              "'auto' or 'required'", "tool_choice.allowed_tools.mode"),
+             ({"tools": TOOLS, "tool_choice": {"type": "custom", "custom": {"name": "get_time"}}},
+              "type 'custom' is not supported", "tool_choice")]
     for extra, message, param in cases:
         response = httpx.post(smollm2_server.base_url + "/chat/completions", timeout=60,
                               json={"model": MODEL, "messages": ASK, "max_tokens": 4, **extra})

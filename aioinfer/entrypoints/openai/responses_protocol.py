@@ -19,10 +19,11 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
 
 from aioinfer.entrypoints.openai.errors import APIError, bad_request, from_validation_error
 from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest, _SamplingFields
+from aioinfer.entrypoints.openai.tool_calls import choice_tag
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the ``include`` value that asks for logprobs
 
@@ -50,6 +51,27 @@ class FunctionChoice(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["function"]
     name: str
+
+
+class AllowedFunctions(BaseModel):
+    """OpenAI's ``{"type": "allowed_tools", "mode": ..., "tools": [{"type": "function", "name": ...}]}``:
+    only these functions may be called (the chat route's allowed_tools, tool_calls.py)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[FunctionChoice] = Field(min_length=1)
+
+    def for_chat(self) -> dict:
+        return {"type": "allowed_tools", "allowed_tools": {
+            "mode": self.mode, "tools": [{"type": "function", "function": {"name": tool.name}} for tool in self.tools]}}
+
+
+# Told apart by ``type``, so that an error names the branch the body meant; the tags are written as
+# union branches are ("type[...]"), which errors.py leaves out of the field an error names.
+ObjectChoice = Annotated[Union[Annotated[FunctionChoice, Tag("type[function]")],
+                               Annotated[AllowedFunctions, Tag("type[allowed_tools]")]],
+                         Discriminator(choice_tag)]
 
 
 def _function_tool_only(tool: Any) -> Any:
@@ -89,7 +111,7 @@ class ResponsesRequest(_SamplingFields):
     instructions: Optional[str] = None
     max_output_tokens: Optional[int] = Field(default=None, ge=1)  # None: the rest of the context
     tools: Optional[list[Annotated[FunctionTool, BeforeValidator(_function_tool_only)]]] = None  # [] = none
-    tool_choice: Union[Literal["none", "auto", "required"], FunctionChoice, None] = None
+    tool_choice: Union[Literal["none", "auto", "required"], ObjectChoice, None] = None
     parallel_tool_calls: Optional[bool] = None
     text: Optional[TextConfig] = None
     include: Optional[list[str]] = None  # only LOGPROBS_INCLUDE changes anything: the rest are OpenAI-hosted data
@@ -117,10 +139,10 @@ class ResponsesRequest(_SamplingFields):
     @classmethod
     def _function_choice_only(cls, value):
         # A union's error would name its first branch ("should be 'none', 'auto' or 'required'").
-        if isinstance(value, dict) and value.get("type") != "function":
-            raise ValueError(f"type {value.get('type')!r} is not supported: send 'none', 'auto', 'required' or "
-                             "{'type': 'function', 'name': ...}")
-        if isinstance(value, dict) and not isinstance(value.get("name"), str):
+        if isinstance(value, dict) and value.get("type") not in ("function", "allowed_tools"):
+            raise ValueError(f"type {value.get('type')!r} is not supported: send 'none', 'auto', 'required', "
+                             "{'type': 'function', 'name': ...} or {'type': 'allowed_tools', ...}")
+        if isinstance(value, dict) and value.get("type") == "function" and not isinstance(value.get("name"), str):
             raise ValueError("a function tool_choice needs the function's name: {'type': 'function', 'name': ...}")
         return value
 
@@ -170,6 +192,8 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         body["tools"] = [tool.for_chat() for tool in req.tools]
     if isinstance(req.tool_choice, FunctionChoice):
         body["tool_choice"] = {"type": "function", "function": {"name": req.tool_choice.name}}
+    elif isinstance(req.tool_choice, AllowedFunctions):
+        body["tool_choice"] = req.tool_choice.for_chat()
     elif req.tool_choice is not None:
         body["tool_choice"] = req.tool_choice
     if req.wants_logprobs:
@@ -187,7 +211,9 @@ _RESPONSES_PARAM = {"messages": "input", "response_format": "text.format", "max_
 
 def responses_param(exc: APIError) -> APIError:
     """The same error, naming the Responses field where it named the chat field."""
-    if exc.param is not None:
+    if exc.param is not None and exc.param.startswith("tool_choice.allowed_tools."):
+        exc.param = "tool_choice." + exc.param[len("tool_choice.allowed_tools."):]  # a level flatter here
+    elif exc.param is not None:
         head, dot, rest = exc.param.partition(".")
         if head in _RESPONSES_PARAM:
             exc.param = _RESPONSES_PARAM[head] + dot + rest

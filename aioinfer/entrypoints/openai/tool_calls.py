@@ -10,6 +10,11 @@
   outputs), so the call always parses and its arguments validate against the function's
   parameters: for "required" a list of ``{"name", "parameters"}`` objects (one when
   ``parallel_tool_calls`` is false), for a named function its arguments object itself (vLLM's way).
+- OpenAI's ``{"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools":
+  [{"type": "function", "function": {"name": ...}}, ...]}}``: every tool is still shown to the model
+  (OpenAI's point: the prompt, and its cached prefix, stay the same), but only the listed ones may be
+  called: "required" constrains the output to calls of those, "auto" parses only calls to those (a
+  call to another stays text, as a call to an unknown function does).
 
 A call ends the choice with ``finish_reason: "tool_calls"``. Streaming sends the calls as one
 ``delta.tool_calls`` chunk when the choice ends (the text before is not streamed while tools may be
@@ -24,9 +29,9 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from aioinfer.entrypoints.openai.errors import bad_request
 from aioinfer.structured_output import StructuredOutputsParams
@@ -55,6 +60,32 @@ class NamedToolChoice(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["function"] = "function"
     function: NamedFunction
+
+
+class AllowedTools(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    mode: Literal["auto", "required"]
+    tools: list[NamedToolChoice] = Field(min_length=1)
+
+
+class AllowedToolsChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+def choice_tag(value) -> str:
+    """The union tag of an object ``tool_choice``: its ``type`` (a chat body may leave "function" out)."""
+    kind = value.get("type", "function") if isinstance(value, dict) else getattr(value, "type", None)
+    return f"type[{kind}]"
+
+
+# A named function or OpenAI's allowed_tools, told apart by ``type`` (so that an error names the
+# branch the body meant, not every branch of the union). The tags are written as union branches are
+# ("type[...]"), which errors.py leaves out of the field an error names.
+ObjectToolChoice = Annotated[Union[Annotated[NamedToolChoice, Tag("type[function]")],
+                                   Annotated[AllowedToolsChoice, Tag("type[allowed_tools]")]],
+                             Discriminator(choice_tag)]
 
 
 class ToolCallFunction(BaseModel):
@@ -87,8 +118,18 @@ class ToolFields(BaseModel):
     """Mixed into the chat body."""
 
     tools: Optional[list[ChatTool]] = Field(default=None, min_length=1)  # [] is a 400, as OpenAI's
-    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    tool_choice: Union[Literal["none", "auto", "required"], ObjectToolChoice, None] = None
     parallel_tool_calls: Optional[bool] = None
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _known_choice_type(cls, value):
+        # Another type (OpenAI's "custom", ...) would be reported as the union's first branch ("should
+        # be 'none', 'auto' or 'required'"), which says nothing of what was wrong.
+        if isinstance(value, dict) and value.get("type", "function") not in ("function", "allowed_tools"):
+            raise ValueError(f"type {value.get('type')!r} is not supported: send 'none', 'auto', 'required', "
+                             "{'type': 'function', ...} or {'type': 'allowed_tools', ...}")
+        return value
 
 
 _OBJECT = {"type": "object"}
@@ -160,6 +201,14 @@ def tool_plan(req) -> Optional[ToolPlan]:
             raise bad_request(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
         schema = by_name[name].parameters or _OBJECT
         return ToolPlan("named", tools, set(by_name), StructuredOutputsParams(json=schema), named=name)
+    if isinstance(choice, AllowedToolsChoice):
+        allowed = {named.function.name for named in choice.allowed_tools.tools}
+        unknown = sorted(allowed - by_name.keys())
+        if unknown:
+            raise bad_request(f"tool_choice.allowed_tools names {', '.join(map(repr, unknown))}, not in tools",
+                              param="tool_choice.allowed_tools.tools")
+        by_name = {name: function for name, function in by_name.items() if name in allowed}
+        choice = choice.allowed_tools.mode
     if choice == "required":
         options = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
                     "properties": {"name": {"const": name}, "parameters": function.parameters or _OBJECT}}

@@ -111,7 +111,7 @@ def test_auto_parses_hermes_calls_out_of_the_text():
     only_time = {"type": "allowed_tools", "allowed_tools": {
         "mode": "auto", "tools": [{"type": "function", "function": {"name": "get_time"}}]}}
     plan = tool_plan(ChatCompletionRequest.model_validate({"messages": ASK, "tools": TOOLS, "tool_choice": only_time}))
-    assert plan.tools == [tool for tool in TOOLS]  # every tool still shown to the model
+    assert plan.tools == TOOLS  # every tool still shown to the model
     weather = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>'
     assert plan.parse(weather) == (weather, [])
     assert plan.parse('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')[1][0]["function"]["name"] == "get_time"

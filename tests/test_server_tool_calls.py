@@ -71,6 +71,24 @@ def test_allowed_tools_required_calls_only_those(smollm2_client, stream):
         jsonschema.validate(json.loads(call["function"]["arguments"]), TIME)
 
 
+def test_a_function_without_parameters_gets_empty_arguments(smollm2_client):
+    """No ``parameters`` (or ``{}``) is a function of no arguments: a required or named call's arguments
+    are ``{}`` whatever the model would have made up."""
+    for parameters in (None, {}):
+        function = {"name": "get_time_utc", "description": "Current UTC time"}
+        if parameters is not None:
+            function["parameters"] = parameters
+        tools = TOOLS + [{"type": "function", "function": function}]
+        for choice in ({"type": "function", "function": {"name": "get_time_utc"}},
+                       {"type": "allowed_tools", "allowed_tools": {
+                           "mode": "required", "tools": [{"type": "function", "function": {"name": "get_time_utc"}}]}}):
+            message = smollm2_client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "What time is it in UTC?"}], tools=tools,
+                tool_choice=choice, parallel_tool_calls=False, temperature=0, max_tokens=40).choices[0].message
+            assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+                ("get_time_utc", {})]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_auto_and_none(smollm2_client, stream):
     calls, finish, content = _calls(smollm2_client, stream, tool_choice="none")

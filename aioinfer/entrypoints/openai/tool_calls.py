@@ -132,7 +132,9 @@ class ToolFields(BaseModel):
         return value
 
 
-_OBJECT = {"type": "object"}
+# A function without ``parameters`` (or with ``{}``) takes none, as OpenAI defines it (and vLLM
+# constrains it): its arguments are ``{}``, not any object the model makes up.
+_NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
@@ -199,7 +201,7 @@ def tool_plan(req) -> Optional[ToolPlan]:
         name = choice.function.name
         if name not in by_name:
             raise bad_request(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
-        schema = by_name[name].parameters or _OBJECT
+        schema = by_name[name].parameters or _NO_ARGUMENTS
         return ToolPlan("named", tools, set(by_name), StructuredOutputsParams(json=schema), named=name)
     if isinstance(choice, AllowedToolsChoice):
         allowed = {named.function.name for named in choice.allowed_tools.tools}
@@ -211,7 +213,7 @@ def tool_plan(req) -> Optional[ToolPlan]:
         choice = choice.allowed_tools.mode
     if choice == "required":
         options = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
-                    "properties": {"name": {"const": name}, "parameters": function.parameters or _OBJECT}}
+                    "properties": {"name": {"const": name}, "parameters": function.parameters or _NO_ARGUMENTS}}
                    for name, function in by_name.items()]
         schema = {"type": "array", "minItems": 1, "items": {"anyOf": options}}
         if req.parallel_tool_calls is False:

@@ -196,17 +196,12 @@ def test_client_leaving_a_stream_aborts_the_request(smollm2_server, smollm2_clie
 # ------------------------------------------------------------------ openai-agents' default model
 
 def test_openai_agents(smollm2_server):
-    from agents import (Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool,
-                        set_default_openai_client, set_tracing_disabled)
+    from agents import (Agent, ModelSettings, OpenAIResponsesModel, Runner, set_default_openai_client,
+                        set_tracing_disabled)
+    from agents_weather import required_weather_agent
 
     set_tracing_disabled(True)
     calls = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """Current weather of a city."""
-        calls.append(city)
-        return f"Sunny in {city}"
 
     async def main():
         client = openai.AsyncOpenAI(base_url=smollm2_server.base_url, api_key="unused", max_retries=0)
@@ -214,10 +209,7 @@ def test_openai_agents(smollm2_server):
         plain = Agent(name="assistant", instructions="Answer in one short sentence.", model=model,
                       model_settings=ModelSettings(temperature=0, max_tokens=16))
         answer = await Runner.run(plain, "What is the capital of France?")
-        # The tool runs once and its result is the answer: the run is bounded whatever the model writes.
-        weather = Agent(name="weather", instructions="Use the tools.", model=model, tools=[get_weather],
-                        tool_use_behavior="stop_on_first_tool",
-                        model_settings=ModelSettings(temperature=0, max_tokens=40, tool_choice="required"))
+        weather = required_weather_agent(model, calls)
         tool_answer = await Runner.run(weather, "What is the weather in Paris?")
         # The default model: an Agent given only a model name, the SDK's default client set to this
         # server (its default provider then serves the name through the Responses API).

@@ -208,17 +208,11 @@ def test_openai_agents_on_chat_completions(smollm2_server):
     import asyncio
 
     import openai
-    from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool,
-                        set_tracing_disabled)
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+    from agents_weather import required_weather_agent
 
     set_tracing_disabled(True)
     calls = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """Current weather of a city."""
-        calls.append(city)
-        return f"Sunny in {city}"
 
     async def main():
         client = openai.AsyncOpenAI(base_url=smollm2_server.base_url, api_key="unused", max_retries=0)
@@ -226,10 +220,7 @@ def test_openai_agents_on_chat_completions(smollm2_server):
         typed = Agent(name="typed", instructions="Answer.", model=model, output_type=Weather,
                       model_settings=ModelSettings(temperature=0, max_tokens=60))
         weather = (await Runner.run(typed, "What is the weather in Paris, in celsius?")).final_output
-        # The tool runs once and its result is the answer: the run is bounded whatever the model writes.
-        tool_user = Agent(name="weather", instructions="Use the tools.", model=model, tools=[get_weather],
-                          tool_use_behavior="stop_on_first_tool",
-                          model_settings=ModelSettings(temperature=0, max_tokens=40, tool_choice="required"))
+        tool_user = required_weather_agent(model, calls)
         answer = (await Runner.run(tool_user, "What is the weather in Paris?")).final_output
         streamed = Runner.run_streamed(tool_user, "What is the weather in Rome?")
         async for _ in streamed.stream_events():

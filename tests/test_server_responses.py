@@ -90,6 +90,19 @@ def test_instructions_and_a_tool_call_history(smollm2_client):
     assert response.instructions == "Answer in one sentence." and response.tool_choice == "none"
 
 
+def test_text_beside_tools_streams_as_written(smollm2_client):
+    """With tools, a text answer's deltas come as it is written (they came at the end before the
+    twenty-third session) and add up to the unstreamed answer."""
+    args = dict(model=MODEL, input="Say hello to me in one sentence.", tools=[TOOL], max_output_tokens=40,
+                temperature=0)
+    response = smollm2_client.responses.create(**args)
+    assert response.output_text and [item.type for item in response.output] == ["message"]
+    events = list(smollm2_client.responses.create(stream=True, **args))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) > 3 and "".join(deltas) == response.output_text == events[-1].response.output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_required_function_tool(smollm2_client, stream):
     args = dict(model=MODEL, input="What is the weather in Paris?", tools=[TOOL], tool_choice="required",

@@ -60,6 +60,16 @@ def test_sdk_stream_helper_and_strict_function_tool(smollm2_client):
                                                        tool_choice="required", temperature=0, max_tokens=80)
     call = completion.choices[0].message.tool_calls[0]
     assert call.function.name == "Person" and isinstance(call.function.parsed_arguments, Person)
+    # The stream helper joins a named call's arguments from the pieces they are streamed in.
+    named = {"type": "function", "function": {"name": "Person"}}
+    with smollm2_client.chat.completions.stream(model=MODEL, messages=_messages(TEXT), tools=[tool], tool_choice=named,
+                                                temperature=0, max_tokens=80) as stream:
+        pieces = [event for event in stream if event.type == "tool_calls.function.arguments.delta"]
+        [streamed] = stream.get_final_completion().choices[0].message.tool_calls
+    assert len(pieces) > 1 and isinstance(streamed.function.parsed_arguments, Person)
+    [plain] = smollm2_client.chat.completions.parse(model=MODEL, messages=_messages(TEXT), tools=[tool],
+                                                    tool_choice=named, temperature=0, max_tokens=80).choices[0].message.tool_calls
+    assert streamed.function.parsed_arguments == plain.function.parsed_arguments
 
 
 @pytest.mark.parametrize("stream", [False, True])

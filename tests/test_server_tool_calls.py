@@ -104,6 +104,28 @@ def test_auto_and_none(smollm2_client, stream):
         assert content and finish in ("stop", "length")
 
 
+def test_streams_beside_tools_as_written(smollm2_client):
+    """With tools, a text answer streams token by token (it came whole at the end before the
+    twenty-third session) and a named call's arguments as they are written; each adds up to the same
+    request's unstreamed message, and logprobs come for every token."""
+    hello = [{"role": "user", "content": "Say hello to me in one sentence."}]
+    args = dict(model=MODEL, messages=hello, tools=TOOLS, tool_choice="auto", temperature=0, max_tokens=40)
+    message = smollm2_client.chat.completions.create(**args).choices[0].message
+    assert message.content and not message.tool_calls  # SmolLM2 answers this one in text
+    chunks = list(smollm2_client.chat.completions.create(stream=True, logprobs=True,
+                                                         stream_options={"include_usage": True}, **args))
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 3 and "".join(pieces) == message.content
+    logprobs = [lp for c in chunks if c.choices and c.choices[0].logprobs for lp in c.choices[0].logprobs.content]
+    assert len(logprobs) == chunks[-1].usage.completion_tokens
+    named = dict(args, messages=ASK, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    [expected] = smollm2_client.chat.completions.create(**named).choices[0].message.tool_calls
+    fragments = [call for c in smollm2_client.chat.completions.create(stream=True, **named) if c.choices
+                 for call in c.choices[0].delta.tool_calls or ()]
+    assert len(fragments) > 3 and fragments[0].id.startswith("call_") and fragments[0].function.name == "get_weather"
+    assert "".join(f.function.arguments for f in fragments) == expected.function.arguments
+
+
 def test_auto_parses_hermes_calls_out_of_the_text():
     from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest
     from aioinfer.entrypoints.openai.tool_calls import tool_plan
@@ -195,9 +217,16 @@ def test_langchain_bind_tools_and_function_calling(smollm2_server):
 
     chat = ChatOpenAI(model=MODEL, base_url=smollm2_server.base_url, api_key="unused", temperature=0, max_tokens=80,
                       max_retries=0)
-    message = chat.bind_tools([Weather], tool_choice="Weather").invoke("What is the weather in Paris?")
+    bound = chat.bind_tools([Weather], tool_choice="Weather")
+    message = bound.invoke("What is the weather in Paris?")
     assert message.tool_calls and message.tool_calls[0]["name"] == "Weather"
     Weather.model_validate(message.tool_calls[0]["args"])
+    # Streamed, LangChain joins the call from its chunks (the arguments come in pieces).
+    chunks = list(bound.stream("What is the weather in Paris?"))
+    joined = sum(chunks[1:], chunks[0])
+    assert len([c for c in chunks if c.tool_call_chunks]) > 1
+    assert [(call["name"], call["args"]) for call in joined.tool_calls] == [
+        (call["name"], call["args"]) for call in message.tool_calls]
     weather = chat.with_structured_output(Weather, method="function_calling").invoke("Weather in Rome, in celsius?")
     assert isinstance(weather, Weather)
 

@@ -63,7 +63,7 @@ class ResponseEvents:
                 self.event("response.output_item.done", output_index=index, item=item)]
 
     def message(self, index: int, item: dict) -> list[bytes]:
-        """A message known whole at once (tools: the text waited for the end, as on the chat route)."""
+        """A message known whole at once (with tools: one whose text was held back to the end)."""
         part = item["content"][0]
         return [*self.message_opened(index, item), self.text_delta(index, item["id"], part["text"], part["logprobs"]),
                 *self.message_closed(index, item)]

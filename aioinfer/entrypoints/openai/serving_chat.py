@@ -14,6 +14,7 @@ from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest, ChatMess
 from aioinfer.entrypoints.openai.sampling import chat_params, check_logprobs_cap, choice_params
 from aioinfer.entrypoints.openai.server_state import ServerState
 from aioinfer.entrypoints.chat_tools import render_with_tools
+from aioinfer.entrypoints.openai.tool_call_parser import ToolCallParser
 from aioinfer.entrypoints.openai.tool_calls import ToolPlan, tool_plan
 from aioinfer.entrypoints.openai.serving_common import (
     ChoiceResult,
@@ -156,18 +157,16 @@ class _Job:
             obj["usage"] = None
         return obj
 
-    def _tool_chunks(self, index: int, delta) -> list[dict]:
-        message, finish_reason = self._message(self.results[index])
-        chunks = []
-        if message.get("content"):
-            chunks.append({"index": index, "delta": {"content": message["content"]}, "logprobs": None,
-                           "finish_reason": None})
-        calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls") or ())]
-        chunks.append({"index": index, "delta": {"tool_calls": calls} if calls else {}, "logprobs": None,
-                       "finish_reason": finish_reason, "stop_reason": stop_reason_json(delta.stop_reason)})
-        if self.return_token_ids:  # the message is sent whole at the end: so are its ids
-            chunks[-1]["token_ids"] = list(self.results[index].token_ids)
-        return chunks
+    @staticmethod
+    def _tool_pieces(parser: ToolCallParser, delta) -> tuple[str, list[dict], Optional[str]]:
+        """Beside tools: (content, tool-call items, finish_reason) of a delta, as far as they are
+        certain (tool_call_parser.py)."""
+        content, calls = parser.feed(delta.text) if delta.text else ("", [])
+        if not delta.finished:
+            return content, calls, None
+        rest, more = parser.finish()
+        finish_reason = "tool_calls" if parser.calls and delta.finish_reason == "stop" else delta.finish_reason
+        return content + rest, calls + more, finish_reason
 
     async def stream(self, streams: ChoiceStreams) -> AsyncIterator[bytes]:
         include_usage, continuous = stream_usage(self.req.stream_options, self.force_usage)
@@ -191,7 +190,8 @@ class _Job:
             for index in sorted(self.results):
                 yield chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None})
-            if self.echo and self.plan is None:  # with tools the whole message comes at the end, echo included
+            parsers = None if self.plan is None else {index: self.plan.parser() for index in self.results}
+            if self.echo:
                 for index in sorted(self.results):
                     yield chunk({"index": index, "delta": {"content": self.echo}, "logprobs": None,
                                  "finish_reason": None})
@@ -199,24 +199,24 @@ class _Job:
                 async for spec, delta in merged:
                     self.results[spec.index].add(delta)
                     lp = self._logprobs(delta)
-                    if self.plan is not None:  # tools: the text may be a call, sent when the choice ends
-                        if delta.finished:
-                            for choice in self._tool_chunks(spec.index, delta):
-                                yield chunk(choice)
-                        continue
-                    if (not delta.text and not delta.finished and not (lp and lp["content"])
+                    text, calls, finish_reason = delta.text, None, delta.finish_reason
+                    if parsers is not None:  # tools: the text may hold calls (sent as far as certain)
+                        text, calls, finish_reason = self._tool_pieces(parsers[spec.index], delta)
+                    if (not text and not calls and not delta.finished and not (lp and lp["content"])
                             and not (self.return_token_ids and delta.token_ids)):
-                        continue  # tokens whose text is held back (partial characters, possible stop)
-                    if lp is None and not delta.finished and not continuous and not self.return_token_ids:
+                        continue  # tokens whose text is held back (partial characters, possible stop or call)
+                    if lp is None and not calls and not delta.finished and not continuous and not self.return_token_ids:
                         # the per-token case
                         template = templates.get(spec.index)
                         if template is None:
                             template = templates[spec.index] = EventTemplate(self._text_chunk(
                                 kind, spec.index, include_usage))
-                        yield template.fill(delta.text)
+                        yield template.fill(text)
                         continue
-                    choice = {"index": spec.index, "delta": {"content": delta.text} if delta.text else {},
-                              "logprobs": lp, "finish_reason": delta.finish_reason,
+                    message = {"content": text} if text else {}
+                    if calls:
+                        message["tool_calls"] = calls
+                    choice = {"index": spec.index, "delta": message, "logprobs": lp, "finish_reason": finish_reason,
                               "stop_reason": stop_reason_json(delta.stop_reason)}
                     if self.return_token_ids:
                         choice["token_ids"] = list(delta.token_ids)

@@ -36,6 +36,7 @@ from aioinfer.entrypoints.openai.serving_common import (
     tokens_as_ids,
     usage,
 )
+from aioinfer.entrypoints.openai.tool_call_parser import ToolCallParser
 from aioinfer.entrypoints.openai.tool_calls import ToolPlan, tool_plan
 from aioinfer.sampling_params import SamplingParams
 
@@ -104,31 +105,48 @@ class _ResponseJob:
 
     async def stream(self, streams: ChoiceStreams) -> AsyncIterator[bytes]:
         events = ResponseEvents()
+        # With tools the text may hold calls: content goes out as it is certain (tool_call_parser.py),
+        # the message opened at its first piece; the calls are sent as items when the response ends.
+        parser = self.plan.parser() if self.plan is not None else None
+        opened = parser is None
+        unsent_logprobs: list = []  # of tokens whose text is held back: sent with the next piece
         try:
             for chunk in events.opening(self.response([], status="in_progress")):
                 yield chunk  # the first also flushes the headers
-            if self.plan is None:  # the text is streamed as it comes
+            if opened:
                 for chunk in events.message_opened(0, self._message("", "in_progress")):
                     yield chunk
             async with aclosing(streams.merged()) as merged:
                 async for _, delta in merged:
                     logprobs = self._add(delta)
-                    # With tools the text may be a call: it is sent when the response ends (as on the chat route).
-                    if self.plan is None and (delta.text or logprobs):
-                        yield events.text_delta(0, self.message_id, delta.text, logprobs)
+                    if parser is None:
+                        if delta.text or logprobs:
+                            yield events.text_delta(0, self.message_id, delta.text, logprobs)
+                        continue
+                    text = parser.feed(delta.text)[0] if delta.text else ""
+                    unsent_logprobs += logprobs or ()
+                    if text:
+                        if not opened:
+                            opened = True
+                            for chunk in events.message_opened(0, self._message("", "in_progress")):
+                                yield chunk
+                        yield events.text_delta(0, self.message_id, text, unsent_logprobs)
+                        unsent_logprobs = []
             if self.result.finish_reason == "abort":  # the server shut down, or an operator aborted it
                 code = "shutting_down" if streams.shut_down else "aborted"
                 yield events.error(APIError(503, "The response was aborted before it finished; retry it.",
                                             code=code))
                 return
-            output = self._output()
-            if self.plan is None:
+            rest = parser.finish()[0] if parser is not None else ""
+            output = self._output(parser)
+            if opened:  # the message is the first item (its content began with what was sent)
+                if rest:
+                    yield events.text_delta(0, self.message_id, rest, unsent_logprobs)
                 for chunk in events.message_closed(0, output[0]):
                     yield chunk
-            else:
-                for index, item in enumerate(output):
-                    for chunk in events.item(index, item):
-                        yield chunk
+            for index in range(1 if opened else 0, len(output)):
+                for chunk in events.item(index, output[index]):
+                    yield chunk
             yield events.closing(self.response(output))
         except Exception as exc:  # noqa: BLE001 - the headers are sent: report in-band
             yield events.error(from_engine_error(exc))
@@ -140,12 +158,13 @@ class _ResponseJob:
     def _status(self) -> str:
         return {"length": "incomplete", "abort": "cancelled"}.get(self.result.finish_reason, "completed")
 
-    def _output(self) -> list[dict]:
-        """The finished response's output items: its message, and the function calls parsed out of the text."""
+    def _output(self, parser: Optional[ToolCallParser] = None) -> list[dict]:
+        """The finished response's output items: its message, and the function calls parsed out of the
+        text (by ``parser``, finished, when the text was streamed through one)."""
         status = "completed" if self.result.finish_reason == "stop" else "incomplete"
         if self.plan is None:
             return [self._message(self.result.text, status)]
-        content, calls = self.plan.parse(self.result.text)
+        content, calls = (parser.content, parser.calls) if parser is not None else self.plan.parse(self.result.text)
         items = [self._message(content or "", status)] if content or not calls else []
         items.extend({"type": "function_call", "id": _new_id("fc"), "call_id": call["id"],
                       "name": call["function"]["name"], "arguments": call["function"]["arguments"],

@@ -16,9 +16,9 @@
   called: "required" constrains the output to calls of those, "auto" parses only calls to those (a
   call to another stays text, as a call to an unknown function does).
 
-A call ends the choice with ``finish_reason: "tool_calls"``. Streaming sends the calls as one
-``delta.tool_calls`` chunk when the choice ends (the text before is not streamed while tools may be
-called: a half-written ``<tool_call>`` must not reach the client as content).
+A call ends the choice with ``finish_reason: "tool_calls"``. Streaming sends content as it is
+written and each call as ``delta.tool_calls`` once it is certain (tool_call_parser.py: a half-written
+``<tool_call>`` never reaches the client as content).
 A template that ignores ``tools`` (SmolLM2's GGUF one) gets them as a system message in the hermes
 format instead, and earlier calls in the history as ``<tool_call>`` text.
 """
@@ -26,14 +26,13 @@ format instead, and earlier calls in the history as ``<tool_call>`` text.
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from aioinfer.entrypoints.openai.errors import bad_request
+from aioinfer.entrypoints.openai.tool_call_parser import ToolCallParser
 from aioinfer.structured_output import StructuredOutputsParams
 
 
@@ -135,8 +134,6 @@ class ToolFields(BaseModel):
 # A function without ``parameters`` (or with ``{}``) takes none, as OpenAI defines it (and vLLM
 # constrains it): its arguments are ``{}``, not any object the model makes up.
 _NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
 @dataclass(slots=True)
@@ -151,41 +148,16 @@ class ToolPlan:
     def parses(self) -> bool:
         return self.mode != "none"
 
-    def parse(self, text: str) -> tuple[Optional[str], list[dict]]:
-        """(content, tool_calls) of a finished choice's text."""
-        if self.mode == "named":
-            return None, [_call(self.named, text.strip())]
-        if self.mode == "required":
-            try:
-                items = json.loads(text)
-            except ValueError:  # cut by max_tokens: no call
-                return text, []
-            return None, [_call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
-        calls = [call for match in _CALL.finditer(text) for call in self._calls_in(match.group(1))]
-        if calls:
-            content = _CALL.sub("", text).strip()
-            return content or None, calls
-        # Small models also write the call's JSON bare, without the tags (Qwen2.5-Coder-0.5B does):
-        # a whole reply that is a call (or a list of calls) to a given tool is one.
-        bare = _FENCE.sub(r"\1", text.strip())  # or inside a markdown code fence (it does that too)
-        calls = self._calls_in(bare)
-        return (None, calls) if calls else (text, [])
+    def parser(self) -> ToolCallParser:
+        """A choice's text read as calls while it streams (tool_call_parser.py)."""
+        return ToolCallParser(self.mode, self.names, self.named)
 
-    def _calls_in(self, text: str) -> list[dict]:
-        """The calls a JSON text holds: ``{"name", "arguments" | "parameters"}`` or a list of them; [] if none."""
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return []
-        calls = []
-        for item in value if isinstance(value, list) else [value]:
-            if not isinstance(item, dict) or item.get("name") not in self.names:
-                return []  # not a call after all: it stays content
-            arguments = item.get("arguments", item.get("parameters", {}))
-            if not isinstance(arguments, dict):
-                return []
-            calls.append(_call(item["name"], json.dumps(arguments, ensure_ascii=False)))
-        return calls
+    def parse(self, text: str) -> tuple[Optional[str], list[dict]]:
+        """(content, tool_calls) of a finished choice's text: what its stream adds up to."""
+        parser = self.parser()
+        parser.feed(text)
+        parser.finish()
+        return parser.content, parser.calls
 
 
 def tool_plan(req) -> Optional[ToolPlan]:
@@ -220,8 +192,3 @@ def tool_plan(req) -> Optional[ToolPlan]:
             schema["maxItems"] = 1
         return ToolPlan("required", tools, set(by_name), StructuredOutputsParams(json=schema))
     return ToolPlan(choice or "auto", tools, set(by_name), None)
-
-
-def _call(name: str, arguments: str) -> dict:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": arguments}}

@@ -1,0 +1,136 @@
+"""A choice's text read as tool calls while it streams (entrypoints/openai/tool_call_parser.py): the
+pieces add up to the message the whole text gives, however the text is cut into deltas; content is
+sent as soon as it cannot be a call, and never a piece of ``<tool_call>``."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from aioinfer.entrypoints.openai.tool_call_parser import ToolCallParser
+
+NAMES = {"get_weather", "get_time"}
+WEATHER_CALL = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+AUTO_TEXTS = [
+    f"Let me check.\n<tool_call>\n{WEATHER_CALL}\n</tool_call>\n"
+    '<tool_call>{"name": "get_time", "arguments": {"timezone": "Europe/Paris"}}',  # the last unterminated
+    ' {"name": "get_time", "parameters": {"timezone": "Asia/Tokyo"}}\n',  # bare
+    '```json\n{"name": "get_time", "arguments": {}}\n```',  # bare, fenced
+    '[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {}}]',
+    "```python\nprint('<tool_call>')\n```",
+    "The weather in Paris is sunny.  \n",
+    "Hello <tool_ca but not a tag <",
+    '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>',  # an unknown function: content
+    '<tool_call>{"name": "get_weather", "arguments": </tool_call>',  # broken JSON: content
+    f"Sure <tool_call>{WEATHER_CALL}</tool_call> and then some text",
+    f"\n\n<tool_call>{WEATHER_CALL}</tool_call>\n",
+    '{"city": "Paris"}',  # JSON that is not a call
+    "",
+    "   ",
+]
+REQUIRED_TEXT = ('[{"name": "get_weather", "parameters": {"city": "Pa\\"ris}", "unit": "celsius"}}, '
+                 '{"name": "get_time", "parameters": {"timezone": "Europe/Paris"}}]')
+
+
+def _stream(parser: ToolCallParser, pieces: list[str]) -> tuple[str, list[dict], list[str]]:
+    """Feed ``pieces``, then finish: (content sent, tool-call items sent, the content of each feed)."""
+    sent, items, per_feed = "", [], []
+    for piece in pieces:
+        content, new = parser.feed(piece)
+        sent, items = sent + content, items + new
+        per_feed.append(content)
+    content, new = parser.finish()
+    return sent + content, items + new, per_feed
+
+
+def _cuts(text: str, rng: random.Random) -> list[str]:
+    pieces, i = [], 0
+    while i < len(text):
+        j = i + rng.randint(1, 6)
+        pieces.append(text[i:j])
+        i = j
+    return pieces
+
+
+def _joined(items: list[dict]) -> list[dict]:
+    """The calls the items add up to, as a client joins them (by index: id, name, arguments)."""
+    calls: dict[int, dict] = {}
+    for item in items:
+        call = calls.setdefault(item["index"], {"id": None, "name": "", "arguments": ""})
+        call["id"] = item.get("id") or call["id"]
+        call["name"] += item["function"].get("name") or ""
+        call["arguments"] += item["function"].get("arguments") or ""
+    return [calls[i] for i in sorted(calls)]
+
+
+@pytest.mark.parametrize("mode,texts", [("auto", AUTO_TEXTS), ("required", [REQUIRED_TEXT, REQUIRED_TEXT[:70], "["]),
+                                        ("named", [' {"city": "Paris", "unit": "celsius"} ', "", '{"city": "Pa'])])
+def test_streamed_pieces_add_up_to_the_whole_message(mode, texts):
+    rng = random.Random(0)
+    for text in texts:
+        whole = ToolCallParser(mode, NAMES, named="get_weather" if mode == "named" else None)
+        whole.feed(text)
+        whole.finish()
+        for _ in range(30):
+            parser = ToolCallParser(mode, NAMES, named=whole.named)
+            content, items, _ = _stream(parser, _cuts(text, rng))
+            assert content == (whole.content or ""), text
+            assert parser.content == whole.content
+            assert [c["function"] for c in parser.calls] == [c["function"] for c in whole.calls], text
+            # The items, joined as a client does, are the message's calls, ids included.
+            assert _joined(items) == [{"id": c["id"], **c["function"]} for c in parser.calls]
+
+
+def test_auto_content_is_sent_as_it_comes_and_no_piece_of_a_tag():
+    text = f"Let me check the weather.   \n<tool_call>\n{WEATHER_CALL}\n</tool_call>"
+    parser = ToolCallParser("auto", NAMES)
+    content, items, per_feed = _stream(parser, list(text))  # a character a delta
+    assert content == "Let me check the weather." and parser.content == content
+    assert [c["function"]["name"] for c in parser.calls] == ["get_weather"]
+    # Each character of the sentence went out with its own delta, nothing of the tag or the space before it.
+    assert "".join(per_feed[:len("Let me check the weather.")]) == "Let me check the weather."
+    assert "".join(per_feed) == content
+    # The call went out when its block closed, not at the end.
+    fed = ToolCallParser("auto", NAMES)
+    sent_call = [bool(fed.feed(char)[1]) for char in text]
+    assert sent_call.index(True) == len(text) - 1
+    # A plain answer streams to its last character; a tag's beginning waits until it is not one.
+    parser = ToolCallParser("auto", NAMES)
+    assert parser.feed("Use <tool") == ("Use", [])
+    assert parser.feed("box.") == (" <toolbox.", [])
+
+
+def test_a_reply_that_may_be_a_bare_call_waits_for_its_end():
+    for start in ('{"name": "get_time"', "```json\n{", "``", "\n["):
+        parser = ToolCallParser("auto", NAMES)
+        assert parser.feed(start) == ("", [])
+    parser = ToolCallParser("auto", NAMES)
+    assert parser.feed("```python\nx = 1") == ("```python\nx = 1", [])  # code, not a call: sent
+
+
+def test_named_arguments_stream_after_the_id_and_name():
+    parser = ToolCallParser("named", NAMES, named="get_time")
+    content, items = parser.feed('{"time')
+    assert content == "" and items[0]["id"].startswith("call_") and items[0]["function"] == {
+        "name": "get_time", "arguments": '{"time'}
+    assert parser.feed('zone": "UTC"} ') == ("", [{"index": 0, "function": {"arguments": 'zone": "UTC"}'}}])
+    assert parser.finish() == ("", [])
+    assert parser.content is None and json.loads(parser.calls[0]["function"]["arguments"]) == {"timezone": "UTC"}
+
+
+def test_required_calls_go_out_as_their_objects_close():
+    parser = ToolCallParser("required", NAMES)
+    end_of_first = REQUIRED_TEXT.index("}}") + 2
+    assert parser.feed(REQUIRED_TEXT[:end_of_first - 1]) == ("", [])
+    content, items = parser.feed(REQUIRED_TEXT[end_of_first - 1:end_of_first])
+    assert items[0]["function"]["name"] == "get_weather"
+    assert json.loads(items[0]["function"]["arguments"]) == {"city": 'Pa"ris}', "unit": "celsius"}
+    # Cut by max_tokens inside the second call: the first is kept, the text is not content.
+    parser.feed(REQUIRED_TEXT[end_of_first:end_of_first + 20])
+    assert parser.finish() == ("", []) and parser.content is None and len(parser.calls) == 1
+    # Cut before any call completed: the text is the content.
+    parser = ToolCallParser("required", NAMES)
+    parser.feed(REQUIRED_TEXT[:30])
+    assert parser.finish() == (REQUIRED_TEXT[:30], []) and parser.calls == []

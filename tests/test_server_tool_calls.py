@@ -131,9 +131,9 @@ def test_auto_parses_hermes_calls_out_of_the_text():
     from aioinfer.entrypoints.openai.tool_calls import tool_plan
 
     plan = tool_plan(ChatCompletionRequest.model_validate({"messages": ASK, "tools": TOOLS}))
-    text = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n'
-            '</tool_call>\n<tool_call>{"name": "get_time", "arguments": {"timezone": "Europe/Paris"}}')  # unterminated
-    content, calls = plan.parse(text)
+    two_calls = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n'
+                 '</tool_call>\n<tool_call>{"name": "get_time", "arguments": {"timezone": "Europe/Paris"}}')  # unterminated
+    content, calls = plan.parse(two_calls)
     assert content == "Let me check."
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("get_weather", {"city": "Paris", "unit": "celsius"}), ("get_time", {"timezone": "Europe/Paris"})]
@@ -155,6 +155,9 @@ def test_auto_parses_hermes_calls_out_of_the_text():
     weather = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>'
     assert plan.parse(weather) == (weather, [])
     assert plan.parse('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')[1][0]["function"]["name"] == "get_time"
+    # parallel_tool_calls false: the first call only.
+    plan = tool_plan(ChatCompletionRequest.model_validate({"messages": ASK, "tools": TOOLS, "parallel_tool_calls": False}))
+    assert [c["function"]["name"] for c in plan.parse(two_calls)[1]] == ["get_weather"]
 
 
 @pytest.mark.slow

@@ -134,3 +134,17 @@ def test_required_calls_go_out_as_their_objects_close():
     parser = ToolCallParser("required", NAMES)
     parser.feed(REQUIRED_TEXT[:30])
     assert parser.finish() == (REQUIRED_TEXT[:30], []) and parser.calls == []
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    text = AUTO_TEXTS[0]  # two calls
+    whole = ToolCallParser("auto", NAMES, max_calls=1)
+    whole.feed(text)
+    whole.finish()
+    assert whole.content == "Let me check." and [c["function"]["name"] for c in whole.calls] == ["get_weather"]
+    content, items, _ = _stream(ToolCallParser("auto", NAMES, max_calls=1), list(text))
+    assert content == "Let me check." and [item["function"]["name"] for item in items] == ["get_weather"]
+    bare_list = ToolCallParser("auto", NAMES, max_calls=1)
+    bare_list.feed(AUTO_TEXTS[3])
+    bare_list.finish()
+    assert bare_list.content is None and [c["function"]["name"] for c in bare_list.calls] == ["get_time"]

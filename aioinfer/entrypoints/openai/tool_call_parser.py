@@ -11,7 +11,8 @@ the same choice not streamed say the same (the non-stream route feeds the whole 
   of JSON: Qwen2.5-Coder-0.5B writes calls so), which waits for its end. From the first
   ``<tool_call>`` on, the text is calls: each block is sent as a call once its ``</tool_call>`` is
   written (a block that does not parse as a call to a given tool is not one); text around and after
-  the blocks is content at the end. This is how OpenAI and vLLM stream a reply beside tools: an
+  the blocks is content at the end. With ``parallel_tool_calls: false`` only the first call is one
+  (vLLM's rule: the model is not stopped, the calls after it are dropped). This is how OpenAI and vLLM stream a reply beside tools: an
   agent's final answer is not held back until it is complete.
 - a named function: the text is the call's arguments; its id and name go first, then the arguments
   as they are written.
@@ -38,8 +39,10 @@ def new_call(name: str, arguments: str) -> dict:
 
 
 class ToolCallParser:
-    def __init__(self, mode: str, names: set[str], named: Optional[str] = None) -> None:
+    def __init__(self, mode: str, names: set[str], named: Optional[str] = None,
+                 max_calls: Optional[int] = None) -> None:
         self.mode, self.names, self.named = mode, names, named
+        self.max_calls = max_calls  # ``parallel_tool_calls: false``: 1 (auto keeps the first call, as vLLM)
         self.text = ""
         self.content: Optional[str] = None  # the message's, once ``finish`` has run
         self.calls: list[dict] = []  # sent so far; the message's, once ``finish`` has run
@@ -116,6 +119,7 @@ class ToolCallParser:
             # or inside a markdown code fence: a whole reply that is a call (or a list of them) is one.
             calls = self._calls_in(_FENCE.sub(r"\1", text.strip()))
             content = None if calls else text
+        calls = calls[:self.max_calls]
         sent = text[:self._sent]
         assert (content or "").startswith(sent), "content was sent that the message does not have"
         # The blocks sent already are the first calls found again: they keep their ids.
@@ -141,6 +145,8 @@ class ToolCallParser:
         return calls
 
     def _add(self, calls: list[dict]) -> list[dict]:
+        if self.max_calls is not None:
+            calls = calls[:max(0, self.max_calls - len(self.calls))]
         items = [{"index": len(self.calls) + i, **call} for i, call in enumerate(calls)]
         self.calls += calls
         return items

@@ -5,7 +5,8 @@
 - "auto" (the default when tools are given): the model decides; calls written in the hermes format
   that Qwen2.5's template teaches (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``)
   are parsed into ``message.tool_calls``, the rest of the text stays ``content``; a reply that is
-  only such a call's JSON, without the tags (or in a markdown code fence), is a call too.
+  only such a call's JSON, without the tags (or in a markdown code fence), is a call too. With
+  ``parallel_tool_calls`` false only the first call is kept (vLLM's rule).
 - "required" and a named function: the output is constrained by a JSON schema (structured
   outputs), so the call always parses and its arguments validate against the function's
   parameters: for "required" a list of ``{"name", "parameters"}`` objects (one when
@@ -143,6 +144,7 @@ class ToolPlan:
     names: set[str]
     constraint: Optional[StructuredOutputsParams]
     named: Optional[str] = None
+    single: bool = False  # parallel_tool_calls: false
 
     @property
     def parses(self) -> bool:
@@ -150,7 +152,7 @@ class ToolPlan:
 
     def parser(self) -> ToolCallParser:
         """A choice's text read as calls while it streams (tool_call_parser.py)."""
-        return ToolCallParser(self.mode, self.names, self.named)
+        return ToolCallParser(self.mode, self.names, self.named, max_calls=1 if self.single else None)
 
     def parse(self, text: str) -> tuple[Optional[str], list[dict]]:
         """(content, tool_calls) of a finished choice's text: what its stream adds up to."""
@@ -191,4 +193,4 @@ def tool_plan(req) -> Optional[ToolPlan]:
         if req.parallel_tool_calls is False:
             schema["maxItems"] = 1
         return ToolPlan("required", tools, set(by_name), StructuredOutputsParams(json=schema))
-    return ToolPlan(choice or "auto", tools, set(by_name), None)
+    return ToolPlan(choice or "auto", tools, set(by_name), None, single=req.parallel_tool_calls is False)

@@ -22,6 +22,7 @@ from aioinfer.worker.cuda_graphs import CudaGraphRunner, graph_buckets, token_bu
 from aioinfer.worker.grammar_mask import GrammarMasks, PendingMask, StepMask, live_tokens
 from aioinfer.worker.input_buffers import InputBuffers, StepInputs
 from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches, choose_num_blocks
+from aioinfer.worker.masked_greedy import MaskedGreedy, masked_greedy
 from aioinfer.worker.prompt_logprobs import PendingPromptLogprobs, PromptLogprobs
 from aioinfer.worker.sampler import Sampler, SamplerOutput
 from aioinfer.worker.sampling_metadata import SamplingMetadata, SamplingMetadataCache, SamplingRow
@@ -238,9 +239,6 @@ class ModelRunner:
 
     def _sample(self, launched: "_Launched", logits: torch.Tensor, mask: "Optional[StepMask]") -> None:
         states, drafts = launched.states, launched.drafts
-        if mask is not None:
-            logits = self.grammar_masks.apply(logits, mask)
-            launched.grammar_states, launched.grammar_matchers = mask.grammar_states, mask.matchers
         if launched.metadata is not None:
             metadata = launched.metadata
         elif drafts is None:
@@ -248,7 +246,14 @@ class ModelRunner:
         else:
             rows, offsets = _verification_rows(states, drafts)
             metadata = SamplingMetadata.build(rows, logits.shape[1], self.device, row_offsets=offsets)
-        result = self.sampler(logits, metadata)
+        if mask is None:
+            result = self.sampler(logits, metadata)
+        else:
+            launched.grammar_states, launched.grammar_matchers = mask.grammar_states, mask.matchers
+            if mask.rows is None and MaskedGreedy.applies(logits, metadata):  # every row masked, plain argmax
+                result = SamplerOutput(sampled_token_ids=masked_greedy(logits, mask.bits))
+            else:
+                result = self.sampler(self.grammar_masks.apply(logits, mask), metadata)
         for state in states:
             state.num_pending_tokens += 1
         # No step is launched ahead of one with drafts (the engine waits for its accepted tokens), so

@@ -148,3 +148,23 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
     bare_list.feed(AUTO_TEXTS[3])
     bare_list.finish()
     assert bare_list.content is None and [c["function"]["name"] for c in bare_list.calls] == ["get_time"]
+
+
+def test_random_texts_add_up_the_same_however_cut():
+    """Texts made of tags, pieces of tags, calls, fences and prose, in every mode, with and without
+    ``parallel_tool_calls``: the streamed pieces always add up to the whole text's message."""
+    pieces = ["<tool_call>", "</tool_call>", "<tool", "_call>", "</tool", "\n", " ", "{", "}", "[", "]", "```",
+              "```json", '{"name": "get_time", "arguments": {}}', '{"name": "get_weather", "parameters": {"city": "x"}}',
+              '{"name": "nope", "arguments": {}}', "Hello", " world.", ",", '"', "\\", ": ", "<", "`"]
+    rng = random.Random(7)
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        mode, max_calls = rng.choice(["auto", "required", "named"]), rng.choice([None, 1])
+        whole = ToolCallParser(mode, NAMES, named="get_time", max_calls=max_calls)
+        whole.feed(text)
+        whole.finish()
+        parser = ToolCallParser(mode, NAMES, named="get_time", max_calls=max_calls)
+        content, items, _ = _stream(parser, _cuts(text, rng))
+        assert (content, parser.content) == (whole.content or "", whole.content), (mode, text)
+        assert [c["function"] for c in parser.calls] == [c["function"] for c in whole.calls], (mode, text)
+        assert _joined(items) == [{"id": c["id"], **c["function"]} for c in parser.calls]

@@ -51,7 +51,7 @@ class ToolCallParser:
         self._lead = -1  # auto: where the reply's first non-whitespace character is
         self._first_tag = -1  # auto: where the first <tool_call> starts
         self._blocks_from = 0  # auto: where the next complete block is looked for
-        self._start = -1  # named: the arguments' first character; required: the current item's
+        self._start = -1  # named: where the arguments begin (their first non-whitespace character)
         self._scan = _ListScan()  # required
 
     def feed(self, text: str) -> tuple[str, list[dict]]:

@@ -203,6 +203,28 @@ def test_greedy_is_argmax_after_processing(name):
     assert out.sampled_token_ids.tolist() == expected
 
 
+def test_argmax_of_raw_logits_gives_the_same_tokens(monkeypatch):
+    """``Sampler.argmax_raw_logits`` (prepared, off): plain greedy steps take the argmax of the bf16
+    logits themselves, the same tokens as the float copy's, ties to the lowest id; a step with a
+    penalty, logit_bias or logprobs still goes the float way."""
+    rng = np.random.default_rng(5)
+    logits = torch.from_numpy(rng.normal(size=(6, V)).astype(np.float32)).to(torch.bfloat16)
+    logits[2, 3] = logits[2, 9] = logits[2].max() + 1  # a tie
+    plain = [make_row(seed=i, temperature=0) for i in range(6)]
+    others = [[make_row(seed=i, temperature=0, repetition_penalty=1.5) for i in range(6)],
+              [make_row(seed=i, temperature=0, logit_bias={3: 5.0}) for i in range(6)],
+              [make_row(seed=i, temperature=0, logprobs=2) for i in range(6)]]
+    expected = [Sampler()(logits, SamplingMetadata.build(rows, V, "cpu")).sampled_token_ids.tolist()
+                for rows in [plain] + others]
+    calls = []
+    monkeypatch.setattr(Sampler, "argmax_raw_logits", True)
+    monkeypatch.setattr(torch.Tensor, "float", lambda self, _float=torch.Tensor.float: calls.append(1) or _float(self))
+    got = [Sampler()(logits, SamplingMetadata.build(rows, V, "cpu")).sampled_token_ids.tolist()
+           for rows in [plain] + others]
+    assert got == expected and expected[0][2] == 3
+    assert len(calls) == len(others)  # the plain step made no float copy
+
+
 def test_penalties_change_greedy_choice():
     raw = np.array([2.0, 1.9, 0.0, -1.0], np.float32)
     row = make_row(temperature=0, prompt=[0], output=[], repetition_penalty=1.2)

@@ -21,6 +21,7 @@ import torch
 
 from aioinfer.utils.triton_launch import CompiledLaunch, triton_available
 from aioinfer.worker.bitmask_apply import apply_bitmask_reference
+from aioinfer.worker.sampler import plain_greedy
 from aioinfer.worker.sampling_metadata import SamplingMetadata
 
 BLOCK = 4096  # tokens a program reads at a time (Qwen2.5's 151,936: 38 blocks a row)
@@ -32,9 +33,7 @@ class MaskedGreedy:
     @classmethod
     def applies(cls, logits: torch.Tensor, metadata: SamplingMetadata) -> bool:
         """Whether a step whose every sampled row has a mask may be sampled by ``masked_greedy``."""
-        return (cls.enabled and logits.device.type == "cuda" and triton_available() and metadata.all_greedy
-                and metadata.bias_index is None and metadata.min_tokens_index is None
-                and metadata.penalties is None and metadata.max_num_logprobs is None)
+        return cls.enabled and logits.device.type == "cuda" and triton_available() and plain_greedy(metadata)
 
 
 def masked_greedy_reference(logits: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:

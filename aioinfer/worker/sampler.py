@@ -35,14 +35,29 @@ class SamplerOutput:
     top_logprobs: Optional[torch.Tensor] = None  # [N, K] float32; rows asking fewer use a prefix
 
 
+def plain_greedy(metadata: SamplingMetadata) -> bool:
+    """Whether sampling is the argmax of the raw logits: every row greedy, nothing that changes the
+    logits (logit_bias, min_tokens, penalties), no logprobs to compute."""
+    return (metadata.all_greedy and metadata.bias_index is None and metadata.min_tokens_index is None
+            and metadata.penalties is None and metadata.max_num_logprobs is None)
+
+
 class Sampler:
     """Stateless: ``Sampler()(logits, metadata) -> SamplerOutput``."""
+
+    # Plain greedy steps take the argmax of the logits as they are (bf16 on the GPU) instead of a
+    # float32 copy's: the same tokens (a bf16 value is exact in float32), one launch and a [N, V]
+    # float32 write fewer. Class-wide, off until the H200 measures it (docs/performance.md,
+    # twenty-third session: the free side of the fused masked greedy's A/B).
+    argmax_raw_logits = False
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row. ``logits``: [N, V] raw model logits; not modified."""
         # logits: [N, V]
         # Flat row * V + token indices in the metadata are only right for this exact shape.
         assert logits.shape == (metadata.num_rows, metadata.vocab_size), (logits.shape, metadata.vocab_size)
+        if self.argmax_raw_logits and plain_greedy(metadata):
+            return SamplerOutput(sampled_token_ids=greedy_sample(logits))
         raw = logits.float()
         processed = process_logits(raw, metadata)  # [N, V]
         if metadata.all_greedy:

@@ -2,7 +2,10 @@
 ``masked_greedy``: a constrained greedy step sampled by the fused kernel (worker/masked_greedy.py:
 each row's argmax over the tokens its mask allows, one launch) instead of the apply, the sampler's
 float copy and its argmax (three). The landed tree keeps the three (``MaskedGreedy.enabled`` is
-False) until this measures the one against them."""
+False) until this measures the one against them. ``--argmax-raw`` turns on the free side's twin for
+the whole engine, free runs and constrained alike (``Sampler.argmax_raw_logits``: a plain greedy
+step's argmax on the bf16 logits, without their float32 copy), so that the fused kernel is compared
+with a free step that also drops what it can."""
 import os
 import sys
 
@@ -11,6 +14,7 @@ import diag20  # noqa: E402,F401  (registers its variants and the earlier ones)
 import diag18  # noqa: E402  (on the path diag19 put it on)
 
 from aioinfer.worker.masked_greedy import MaskedGreedy  # noqa: E402
+from aioinfer.worker.sampler import Sampler  # noqa: E402
 from benchmarks import structured_output_rounds as rounds  # noqa: E402
 
 
@@ -25,6 +29,9 @@ def masked_greedy(engine):
 rounds.VARIANTS.update(masked_greedy=masked_greedy)
 
 if __name__ == "__main__":
+    if "--argmax-raw" in sys.argv:
+        sys.argv.remove("--argmax-raw")
+        Sampler.argmax_raw_logits = True
     if "--phases" in sys.argv:
         sys.argv.remove("--phases")
         diag18.phases()

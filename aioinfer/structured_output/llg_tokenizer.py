@@ -22,6 +22,8 @@ import json
 from copy import copy
 from typing import Optional, Sequence
 
+from aioinfer.text.byte_level import byte_level_alphabet
+
 
 def llg_tokenizer(hf_tokenizer, vocab_size: int, eos_token_ids: Optional[Sequence[int]]):
     import llguidance
@@ -65,21 +67,9 @@ def text_added_tokens_as_text(spec: dict) -> dict:
     added = spec.get("added_tokens") or []
     if not isinstance(vocab, dict) or not _is_byte_level(spec.get("pre_tokenizer")):
         return spec
-    as_byte_level = _byte_level_chars()
+    as_byte_level = byte_level_alphabet()
     text_like = {token["id"] for token in added if not token.get("special")
                  and vocab.get("".join(as_byte_level[b] for b in token["content"].encode())) == token["id"]}
     if not text_like:
         return spec
     return {**spec, "added_tokens": [token for token in added if token["id"] not in text_like]}
-
-
-def _byte_level_chars() -> list[str]:
-    """GPT-2's byte-level alphabet: the character each byte is written as in the vocabulary."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]

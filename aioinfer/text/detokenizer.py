@@ -42,6 +42,8 @@ from typing import Any, Optional, Protocol
 from tokenizers import Tokenizer, decoders
 from tokenizers.decoders import DecodeStream
 
+from aioinfer.text.byte_level import byte_level_alphabet
+
 logger = logging.getLogger(__name__)
 
 _REPLACEMENT = "\ufffd"  # what lossy UTF-8 decoding yields for an incomplete character
@@ -198,7 +200,7 @@ def byte_level_table(backend: Tokenizer, skip_special_tokens: bool) -> Optional[
         entry = _tables.get(key)
         if entry is not None and entry[0]() is backend:
             return entry[1]
-        to_byte = {c: b for b, c in _byte_level_alphabet().items()}
+        to_byte = {c: b for b, c in byte_level_alphabet().items()}
         special = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
         rows = []
         for token_id in range(backend.get_vocab_size(with_added_tokens=True)):
@@ -219,20 +221,6 @@ def byte_level_table(backend: Tokenizer, skip_special_tokens: bool) -> Optional[
 
         _tables[key] = (weakref.ref(backend, forget), table)
         return table
-
-
-def _byte_level_alphabet() -> dict[int, str]:
-    """GPT-2's byte-to-character map, which ``ByteLevel`` uses: printable bytes are themselves,
-    the others are shifted to code points from 256 on."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    alphabet = {b: chr(b) for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in alphabet:
-            alphabet[b] = chr(256 + shifted)
-            shifted += 1
-    return alphabet
 
 
 def fast_backend(tokenizer: Any) -> Tokenizer | None:

@@ -204,7 +204,7 @@ def test_greedy_is_argmax_after_processing(name):
 
 
 def test_argmax_of_raw_logits_gives_the_same_tokens(monkeypatch):
-    """``Sampler.argmax_raw_logits`` (prepared, off): plain greedy steps take the argmax of the bf16
+    """``Sampler.argmax_raw_logits`` (on by default): plain greedy steps take the argmax of the bf16
     logits themselves, the same tokens as the float copy's, ties to the lowest id; a step with a
     penalty, logit_bias or logprobs still goes the float way."""
     rng = np.random.default_rng(5)
@@ -214,6 +214,7 @@ def test_argmax_of_raw_logits_gives_the_same_tokens(monkeypatch):
     others = [[make_row(seed=i, temperature=0, repetition_penalty=1.5) for i in range(6)],
               [make_row(seed=i, temperature=0, logit_bias={3: 5.0}) for i in range(6)],
               [make_row(seed=i, temperature=0, logprobs=2) for i in range(6)]]
+    monkeypatch.setattr(Sampler, "argmax_raw_logits", False)  # every step through the float copy
     expected = [Sampler()(logits, SamplingMetadata.build(rows, V, "cpu")).sampled_token_ids.tolist()
                 for rows in [plain] + others]
     calls = []

@@ -126,6 +126,27 @@ def test_required_function_tool(smollm2_client, stream):
     jsonschema.validate(json.loads(call.arguments), WEATHER)
 
 
+def test_a_named_functions_arguments_stream_as_written(smollm2_client):
+    """A named function's call is opened at once and its arguments sent as the model writes them, as
+    OpenAI streams them (before the twenty-fourth session the call came whole at the end); the SDK's
+    stream helper joins them into the unstreamed call."""
+    args = dict(model=MODEL, input="What is the weather in Paris?", tools=[TOOL], max_output_tokens=40,
+                tool_choice={"type": "function", "name": "get_weather"}, temperature=0)
+    [call] = smollm2_client.responses.create(**args).output
+    with smollm2_client.responses.stream(**args) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     *["response.function_call_arguments.delta"] * len(deltas),
+                     "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    assert len(deltas) > 3 and "".join(deltas) == call.arguments == final.output[0].arguments
+    assert events[2].item.name == "get_weather" and events[2].item.status == "in_progress"
+    assert final.output[0].status == "completed" and final.output[0].id == events[2].item.id
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+
+
 def test_allowed_tools_tool_choice(smollm2_server, smollm2_client):
     """The Responses form of allowed_tools ({"type": "allowed_tools", "mode", "tools": [{"type":
     "function", "name"}]}): only the listed function is called, and the choice is echoed back."""
@@ -224,18 +245,25 @@ def test_openai_agents(smollm2_server):
         answer = await Runner.run(plain, "What is the capital of France?")
         weather = required_weather_agent(model, calls)
         tool_answer = await Runner.run(weather, "What is the weather in Paris?")
+        # Streamed: the call's item arrives while the response streams (responses_items.py).
+        streamed = Runner.run_streamed(required_weather_agent(model, streamed_calls), "What is the weather in Paris?")
+        kinds = [event.type async for event in streamed.stream_events()]
+        assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
+        streamed_answer = streamed.final_output
         # The default model: an Agent given only a model name, the SDK's default client set to this
         # server (its default provider then serves the name through the Responses API).
         set_default_openai_client(client, use_for_tracing=False)
         by_default = Agent(name="assistant", instructions="Answer in one short sentence.", model=MODEL,
                            model_settings=ModelSettings(temperature=0, max_tokens=16))
         default_answer = await Runner.run(by_default, "What is the capital of France?")
-        return answer.final_output, tool_answer.final_output, default_answer.final_output
+        return answer.final_output, tool_answer.final_output, default_answer.final_output, streamed_answer
 
-    text, tool_text, default_text = asyncio.run(main())
+    streamed_calls = []
+    text, tool_text, default_text, streamed_text = asyncio.run(main())
     assert isinstance(text, str) and text.strip()
     assert default_text == text  # the same route, greedy
     assert len(calls) == 1 and isinstance(calls[0], str) and tool_text == f"Sunny in {calls[0]}"
+    assert streamed_calls == calls and streamed_text == tool_text
 
 
 def test_logprobs_when_included(smollm2_client):

@@ -63,22 +63,29 @@ class ResponseEvents:
                 self.event("response.output_item.done", output_index=index, item=item)]
 
     def message(self, index: int, item: dict) -> list[bytes]:
-        """A message known whole at once (with tools: one whose text was held back to the end)."""
+        """A message known whole at once (with tools: content after the calls, or an empty reply)."""
         part = item["content"][0]
         return [*self.message_opened(index, item), self.text_delta(index, item["id"], part["text"], part["logprobs"]),
                 *self.message_closed(index, item)]
 
-    def function_call(self, index: int, item: dict) -> list[bytes]:
-        return [self.event("response.output_item.added", output_index=index,
-                           item={**item, "arguments": "", "status": "in_progress"}),
-                self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                           delta=item["arguments"]),
-                self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+    def function_call_opened(self, index: int, item: dict) -> bytes:
+        """A function_call item, its arguments still to come."""
+        return self.event("response.output_item.added", output_index=index,
+                          item={**item, "arguments": "", "status": "in_progress"})
+
+    def arguments_delta(self, index: int, item_id: str, delta: str) -> bytes:
+        return self.event("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=delta)
+
+    def function_call_closed(self, index: int, item: dict) -> list[bytes]:
+        """``item``: the finished function_call, its whole arguments."""
+        return [self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                            name=item["name"], arguments=item["arguments"]),
                 self.event("response.output_item.done", output_index=index, item=item)]
 
-    def item(self, index: int, item: dict) -> list[bytes]:
-        return self.function_call(index, item) if item["type"] == "function_call" else self.message(index, item)
+    def function_call(self, index: int, item: dict) -> list[bytes]:
+        """A function_call known whole at once."""
+        return [self.function_call_opened(index, item), self.arguments_delta(index, item["id"], item["arguments"]),
+                *self.function_call_closed(index, item)]
 
     def closing(self, response: dict) -> bytes:
         """``response.completed`` or ``response.incomplete``, with the whole response."""

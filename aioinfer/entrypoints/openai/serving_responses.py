@@ -21,6 +21,7 @@ from aioinfer.entrypoints.openai.errors import APIError, bad_request, from_engin
 from aioinfer.entrypoints.openai.fanout import ChoiceSpec, ChoiceStreams
 from aioinfer.entrypoints.openai.logprobs import chat_logprobs
 from aioinfer.entrypoints.openai.responses_events import ResponseEvents
+from aioinfer.entrypoints.openai.responses_items import ResponseItems
 from aioinfer.entrypoints.openai.responses_protocol import ResponsesRequest, responses_param, to_chat_request
 from aioinfer.entrypoints.openai.sampling import chat_params, check_logprobs_cap, choice_params
 from aioinfer.entrypoints.openai.server_state import ServerState
@@ -36,7 +37,6 @@ from aioinfer.entrypoints.openai.serving_common import (
     tokens_as_ids,
     usage,
 )
-from aioinfer.entrypoints.openai.tool_call_parser import ToolCallParser
 from aioinfer.entrypoints.openai.tool_calls import ToolPlan, tool_plan
 from aioinfer.sampling_params import SamplingParams
 
@@ -105,48 +105,38 @@ class _ResponseJob:
 
     async def stream(self, streams: ChoiceStreams) -> AsyncIterator[bytes]:
         events = ResponseEvents()
-        # With tools the text may hold calls: content goes out as it is certain (tool_call_parser.py),
-        # the message opened at its first piece; the calls are sent as items when the response ends.
-        parser = self.plan.parser() if self.plan is not None else None
-        opened = parser is None
-        unsent_logprobs: list = []  # of tokens whose text is held back: sent with the next piece
+        # With tools the text may hold calls: the message and the calls go out as items as the parser
+        # lets them (responses_items.py); without, the message is opened at once and the text streams.
+        items = ResponseItems(events, self.plan.parser(), self._message, lambda: _new_id("fc")) \
+            if self.plan is not None else None
         try:
             for chunk in events.opening(self.response([], status="in_progress")):
                 yield chunk  # the first also flushes the headers
-            if opened:
+            if items is None:
                 for chunk in events.message_opened(0, self._message("", "in_progress")):
                     yield chunk
             async with aclosing(streams.merged()) as merged:
                 async for _, delta in merged:
                     logprobs = self._add(delta)
-                    if parser is None:
-                        if delta.text or logprobs:
-                            yield events.text_delta(0, self.message_id, delta.text, logprobs)
-                        continue
-                    text = parser.feed(delta.text)[0] if delta.text else ""
-                    unsent_logprobs += logprobs or ()
-                    if text:
-                        if not opened:
-                            opened = True
-                            for chunk in events.message_opened(0, self._message("", "in_progress")):
-                                yield chunk
-                        yield events.text_delta(0, self.message_id, text, unsent_logprobs)
-                        unsent_logprobs = []
+                    if items is not None:
+                        for chunk in items.feed(delta.text, logprobs):
+                            yield chunk
+                    elif delta.text or logprobs:
+                        yield events.text_delta(0, self.message_id, delta.text, logprobs)
             if self.result.finish_reason == "abort":  # the server shut down, or an operator aborted it
                 code = "shutting_down" if streams.shut_down else "aborted"
                 yield events.error(APIError(503, "The response was aborted before it finished; retry it.",
                                             code=code))
                 return
-            rest = parser.finish()[0] if parser is not None else ""
-            output = self._output(parser)
-            if opened:  # the message is the first item (its content began with what was sent)
-                if rest:
-                    yield events.text_delta(0, self.message_id, rest, unsent_logprobs)
+            status = self._item_status()
+            if items is None:
+                output = [self._message(self.result.text, status)]
                 for chunk in events.message_closed(0, output[0]):
                     yield chunk
-            for index in range(1 if opened else 0, len(output)):
-                for chunk in events.item(index, output[index]):
+            else:
+                for chunk in items.finish(status):
                     yield chunk
+                output = items.output(status)
             yield events.closing(self.response(output))
         except Exception as exc:  # noqa: BLE001 - the headers are sent: report in-band
             yield events.error(from_engine_error(exc))
@@ -158,18 +148,20 @@ class _ResponseJob:
     def _status(self) -> str:
         return {"length": "incomplete", "abort": "cancelled"}.get(self.result.finish_reason, "completed")
 
-    def _output(self, parser: Optional[ToolCallParser] = None) -> list[dict]:
+    def _item_status(self) -> str:
+        """A finished item's status: "incomplete" when max_output_tokens cut the response."""
+        return "completed" if self.result.finish_reason == "stop" else "incomplete"
+
+    def _output(self) -> list[dict]:
         """The finished response's output items: its message, and the function calls parsed out of the
-        text (by ``parser``, finished, when the text was streamed through one)."""
-        status = "completed" if self.result.finish_reason == "stop" else "incomplete"
+        text (read as a stream would read it: the same items, in the order a stream sends them)."""
+        status = self._item_status()
         if self.plan is None:
             return [self._message(self.result.text, status)]
-        content, calls = (parser.content, parser.calls) if parser is not None else self.plan.parse(self.result.text)
-        items = [self._message(content or "", status)] if content or not calls else []
-        items.extend({"type": "function_call", "id": _new_id("fc"), "call_id": call["id"],
-                      "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-                      "status": status} for call in calls)
-        return items
+        items = ResponseItems(ResponseEvents(), self.plan.parser(), self._message, lambda: _new_id("fc"))
+        items.feed(self.result.text, None)
+        items.finish(status)
+        return items.output(status)
 
     def _message(self, text: str, status: str) -> dict:
         return {"type": "message", "id": self.message_id, "status": status, "role": "assistant",

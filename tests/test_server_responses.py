@@ -147,6 +147,30 @@ def test_a_named_functions_arguments_stream_as_written(smollm2_client):
     jsonschema.validate(json.loads(call.arguments), WEATHER)
 
 
+def test_langchain_on_the_responses_api(smollm2_server):
+    """LangChain's ChatOpenAI through the Responses API: a named tool's call, and streamed, the call
+    joined from its argument pieces into the same call."""
+    from langchain_openai import ChatOpenAI
+
+    class Weather(BaseModel):
+        """Current weather of a city"""
+
+        city: str = Field(max_length=20)
+
+    chat = ChatOpenAI(model=MODEL, base_url=smollm2_server.base_url, api_key="unused", temperature=0,
+                      max_tokens=40, max_retries=0, use_responses_api=True)
+    bound = chat.bind_tools([Weather], tool_choice="Weather")
+    message = bound.invoke("What is the weather in Paris?")
+    assert [call["name"] for call in message.tool_calls] == ["Weather"]
+    Weather.model_validate(message.tool_calls[0]["args"])
+    chunks = list(bound.stream("What is the weather in Paris?"))
+    joined = sum(chunks[1:], chunks[0])
+    pieces = [piece["args"] for c in chunks for piece in c.tool_call_chunks if piece.get("args")]
+    assert len(pieces) > 3  # the arguments as they were written (one piece before the twenty-fourth session)
+    assert [(call["name"], call["args"]) for call in joined.tool_calls] == [
+        (call["name"], call["args"]) for call in message.tool_calls]
+
+
 def test_allowed_tools_tool_choice(smollm2_server, smollm2_client):
     """The Responses form of allowed_tools ({"type": "allowed_tools", "mode", "tools": [{"type":
     "function", "name"}]}): only the listed function is called, and the choice is echoed back."""

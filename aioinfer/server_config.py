@@ -97,6 +97,10 @@ class ServerConfig:
     enable_force_include_usage: bool = False  # streams end with a usage chunk even without stream_options
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (it shows the chat template)
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:<id>" unless a request says no
+    # Under tool_choice "auto", hold calls to strict functions to their schemas (tool_calls.py
+    # strict_calls; vLLM's VLLM_ENFORCE_STRICT_TOOL_CALLING, off there too: such requests then take
+    # the constrained path's cost at every step)
+    enforce_strict_tools: bool = False
     # vLLM's --chat-template: a Jinja file, or the template itself, used instead of the tokenizer's
     chat_template: Optional[str] = None
     # vLLM's CORS options, with the semantics of the Starlette middleware vLLM uses (cors.py): what a
@@ -225,7 +229,7 @@ _FIELD_TYPES: dict[str, type] = {
     "model": str, "served_model_name": str, "api_key": str, "max_body_bytes": int,
     "shutdown_grace": float, "max_n": int, "log_requests": bool, "listen_backlog": int,
     "enable_request_id_headers": bool, "enable_force_include_usage": bool, "enable_tokenizer_info_endpoint": bool,
-    "return_tokens_as_token_ids": bool, "chat_template": str,
+    "return_tokens_as_token_ids": bool, "enforce_strict_tools": bool, "chat_template": str,
     "allowed_origins": string_list_json, "allow_credentials": bool, "allowed_methods": string_list_json,
     "allowed_headers": string_list_json, "root_path": str, "ssl_keyfile": str, "ssl_certfile": str,
     "ssl_ca_certs": str, "ssl_cert_reqs": int, "ssl_ciphers": str,

@@ -17,6 +17,9 @@ from tiny_models import make_tiny_model_dir
 ENGINE_ENV = {"AIOINFER_DTYPE": "float32", "AIOINFER_DEVICE": "cpu", "AIOINFER_MAX_MODEL_LEN": "256",
               "AIOINFER_NUM_KV_BLOCKS": "64", "AIOINFER_BLOCK_SIZE": "16"}
 
+# Room for a prompt with a tool (the tools' system message takes ~470 tokens of the tiny tokenizer).
+SWITCHES_ENV = {**ENGINE_ENV, "AIOINFER_MAX_MODEL_LEN": "512"}
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
@@ -36,8 +39,8 @@ def test_switches_on(model_dir, tmp_path):
     template_file.write_text(CUSTOM_TEMPLATE)
     argv = ["{python}", "-m", "aioinfer", "serve", model_dir, "--port", "{port}", "--enable-request-id-headers",
             "--enable-force-include-usage", "--enable-tokenizer-info-endpoint", "--return-tokens-as-token-ids",
-            "--chat-template", str(template_file)]
-    with run_server(ENGINE_ENV, argv=argv) as server:
+            "--enforce-strict-tools", "--chat-template", str(template_file)]
+    with run_server(SWITCHES_ENV, argv=argv) as server:
         client = OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
 
@@ -98,9 +101,16 @@ def test_switches_on(model_dir, tmp_path):
         assert {int(key): token["content"] for key, token in added.items()} == {
             token_id: token.content for token_id, token in tokenizer.added_tokens_decoder.items()}
 
+        # --enforce-strict-tools: a strict function's schema is compiled into an "auto" request's
+        # grammar, so one the grammar engine cannot take is a 400 (off, the same request is answered)
+        refused = _strict_tool_request(server)
+        assert refused.status_code == 400 and "unclosed group" in refused.json()["error"]["message"], refused.text
+        answered = _strict_tool_request(server, strict=False)
+        assert answered.status_code == 200, answered.text
+
 
 def test_switches_off_by_default(model_dir):
-    with run_server({**ENGINE_ENV, "AIOINFER_MODEL": model_dir}) as server:  # plain hypercorn
+    with run_server({**SWITCHES_ENV, "AIOINFER_MODEL": model_dir}) as server:  # plain hypercorn
         client = OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
         raw = client.completions.with_raw_response.create(model=model, prompt="Hello", max_tokens=3,
@@ -111,6 +121,16 @@ def test_switches_off_by_default(model_dir):
         assert _usage_chunks(stream) == []
         missing = httpx.get(server.url + "/tokenizer_info")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+        answered = _strict_tool_request(server)
+        assert answered.status_code == 200, answered.text
+
+
+def _strict_tool_request(server, strict: bool = True) -> httpx.Response:
+    """A chat request under "auto" whose function's schema has a regex the grammar engine refuses."""
+    parameters = {"type": "object", "properties": {"code": {"type": "string", "pattern": "(unclosed"}}}
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": parameters, "strict": strict}}
+    return httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "Hi"}], "tools": [tool], "max_tokens": 3})
 
 
 def _ids(tokens: list[str]) -> list[int]:

@@ -72,6 +72,8 @@ _SERVER_SWITCHES: dict[str, tuple[str, str]] = {
                                          "serve GET /tokenizer_info (the tokenizer's config and chat template)"),
     "--return-tokens-as-token-ids": ("return_tokens_as_token_ids",
                                      "logprobs name every token 'token_id:<id>' (a request's own field wins)"),
+    "--enforce-strict-tools": ("enforce_strict_tools",
+                               "under tool_choice auto, hold calls to strict functions to their schemas"),
     "--allow-credentials": ("allow_credentials", "CORS: pages of allowed origins may send cookies and "
                                                  "Authorization (their origin is echoed instead of \"*\")"),
 }

@@ -13,6 +13,7 @@ from aioinfer.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs_
 from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from aioinfer.entrypoints.openai.sampling import chat_params, check_logprobs_cap, choice_params
 from aioinfer.entrypoints.openai.server_state import ServerState
+from aioinfer.entrypoints.openai.structured import structured_outputs_of
 from aioinfer.entrypoints.chat_tools import render_with_tools
 from aioinfer.entrypoints.openai.tool_call_parser import ToolCallParser
 from aioinfer.entrypoints.openai.tool_calls import ToolPlan, tool_plan
@@ -36,7 +37,7 @@ from aioinfer.entrypoints.openai.sse import DONE, EventTemplate, event, text_mar
 async def create_chat_completion(state: ServerState, body: bytes, client_id: Optional[str] = None) -> Response:
     req = parse_body(ChatCompletionRequest, body)
     engine = engine_for(state, req)
-    plan = tool_plan(req)
+    plan = tool_plan(req, enforce_strict=state.config.enforce_strict_tools and structured_outputs_of(req) is None)
     base = chat_params(req, state.model_defaults(), tool_constraint=plan.constraint if plan else None)
     check_logprobs_cap(base, engine, sample_param="top_logprobs")
     try:

@@ -25,6 +25,7 @@ from aioinfer.entrypoints.openai.responses_items import ResponseItems
 from aioinfer.entrypoints.openai.responses_protocol import ResponsesRequest, responses_param, to_chat_request
 from aioinfer.entrypoints.openai.sampling import chat_params, check_logprobs_cap, choice_params
 from aioinfer.entrypoints.openai.server_state import ServerState
+from aioinfer.entrypoints.openai.structured import structured_outputs_of
 from aioinfer.entrypoints.openai.serving_chat import apply_chat_template
 from aioinfer.entrypoints.openai.serving_common import (
     ChoiceResult,
@@ -49,7 +50,7 @@ async def create_response(state: ServerState, body: bytes, client_id: Optional[s
     engine = engine_for(state, req)
     try:
         chat = to_chat_request(req)
-        plan = tool_plan(chat)
+        plan = tool_plan(chat, enforce_strict=state.config.enforce_strict_tools and structured_outputs_of(chat) is None)
         if plan is not None and plan.constraint is not None and chat.response_format is not None:
             raise bad_request("a required or named tool_choice constrains the output already; drop text.format",
                               param="tool_choice")

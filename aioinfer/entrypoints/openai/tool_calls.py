@@ -6,7 +6,9 @@
   that Qwen2.5's template teaches (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``)
   are parsed into ``message.tool_calls``, the rest of the text stays ``content``; a reply that is
   only such a call's JSON, without the tags (or in a markdown code fence), is a call too. With
-  ``parallel_tool_calls`` false only the first call is kept (vLLM's rule).
+  ``parallel_tool_calls`` false only the first call is kept (vLLM's rule). With the server's
+  ``--enforce-strict-tools`` the calls to ``strict`` functions are also held to their schemas
+  (``strict_calls``: a structural tag triggered by ``<tool_call>``).
 - "required" and a named function: the output is constrained by a JSON schema (structured
   outputs), so the call always parses and its arguments validate against the function's
   parameters: for "required" a list of ``{"name", "parameters"}`` objects (one when
@@ -162,8 +164,10 @@ class ToolPlan:
         return parser.content, parser.calls
 
 
-def tool_plan(req) -> Optional[ToolPlan]:
-    """The request's tool handling, or None without tools; 400s for inconsistent fields."""
+def tool_plan(req, enforce_strict: bool = False) -> Optional[ToolPlan]:
+    """The request's tool handling, or None without tools; 400s for inconsistent fields.
+    ``enforce_strict`` (the server's ``--enforce-strict-tools``): under "auto", hold the calls to
+    ``strict`` functions' schemas (``strict_calls``)."""
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none"):
@@ -193,4 +197,26 @@ def tool_plan(req) -> Optional[ToolPlan]:
         if req.parallel_tool_calls is False:
             schema["maxItems"] = 1
         return ToolPlan("required", tools, set(by_name), StructuredOutputsParams(json=schema))
-    return ToolPlan(choice or "auto", tools, set(by_name), None, single=req.parallel_tool_calls is False)
+    mode = choice or "auto"
+    constraint = strict_calls(by_name) if enforce_strict and mode == "auto" else None
+    return ToolPlan(mode, tools, set(by_name), constraint, single=req.parallel_tool_calls is False)
+
+
+# The hermes call as Qwen2.5's chat template teaches it, up to where the arguments begin.
+_CALL_BEGIN = '<tool_call>\n{"name": %s, "arguments": '
+_CALL_END = "}\n</tool_call>"
+
+
+def strict_calls(by_name: dict[str, FunctionDefinition]) -> Optional[StructuredOutputsParams]:
+    """Under "auto", OpenAI's ``strict: true`` (a call's arguments always match its function's
+    schema), which vLLM gives behind VLLM_ENFORCE_STRICT_TOOL_CALLING: a structural tag triggered
+    by ``<tool_call>``. The text is free until the model writes that tag; from there it must write a
+    call in the hermes form to one of the functions, a strict one's arguments by its schema (another's
+    any JSON object), then ``</tool_call>``, and is free again. None when no function is strict.
+    Calls written otherwise (bare JSON, which small models write) are parsed as without it."""
+    if not any(function.strict for function in by_name.values()):
+        return None
+    structures = [{"begin": _CALL_BEGIN % json.dumps(name, ensure_ascii=False),
+                   "schema": (function.parameters or _NO_ARGUMENTS) if function.strict else {"type": "object"},
+                   "end": _CALL_END} for name, function in by_name.items()]
+    return StructuredOutputsParams(structural_tag={"structures": structures, "triggers": ["<tool_call>"]})

@@ -67,10 +67,14 @@ def test_a_row_view_with_padding_stride():
 
 
 @pytest.mark.gpu
-def test_engine_tokens_equal_with_the_fused_path(tmp_path_factory, monkeypatch):
+@pytest.mark.parametrize("speculative_config", [None, {"method": "ngram", "num_speculative_tokens": 3,
+                                                       "prompt_lookup_max": 3, "prompt_lookup_min": 1}])
+def test_engine_tokens_equal_with_the_fused_path(tmp_path_factory, monkeypatch, speculative_config):
     """In the engine (CUDA graphs, async scheduling: steps ahead sampled after their masks), every
     request constrained and greedy: the same tokens with the fused path as with the three launches,
-    and the fused path is the one taken. A tiny random Qwen2 (no weights to fetch on the GPU machine)."""
+    and the fused path is the one taken. With n-gram speculation too (the verification rows masked
+    after each draft, a rejected draft's rows left all allowed). A tiny random Qwen2 (no weights to
+    fetch on the GPU machine)."""
     from aioinfer import LLM, SamplingParams
     from aioinfer.structured_output import StructuredOutputsParams
     from aioinfer.worker import model_runner
@@ -80,7 +84,7 @@ def test_engine_tokens_equal_with_the_fused_path(tmp_path_factory, monkeypatch):
     folder = make_tiny_model_dir(tmp_path_factory.mktemp("tiny"), "qwen2")
     # No prefix cache: the second run computes every prompt as the first did.
     llm = LLM(model=str(folder), device=DEVICE, dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=512,
-              enable_prefix_caching=False)
+              enable_prefix_caching=False, speculative_config=speculative_config)
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {
         "enum": ["a", "bb", "ccc"]}}}, "required": ["name", "tags"]}
     constraints = [StructuredOutputsParams(json=schema), StructuredOutputsParams(regex=r"[a-z ]{3,60}\."),

@@ -72,8 +72,8 @@ def test_a_row_view_with_padding_stride():
 def test_engine_tokens_equal_with_the_fused_path(tmp_path_factory, monkeypatch, speculative_config):
     """In the engine (CUDA graphs, async scheduling: steps ahead sampled after their masks), every
     request constrained and greedy: the same tokens with the fused path as with the three launches,
-    and the fused path is the one taken. With n-gram speculation too (the verification rows masked
-    after each draft, a rejected draft's rows left all allowed). A tiny random Qwen2 (no weights to
+    and the fused path is the one taken. With n-gram speculation on as well (where it proposes drafts,
+    their verification rows are masked after each draft, a rejected draft's rows left all allowed). A tiny random Qwen2 (no weights to
     fetch on the GPU machine)."""
     from aioinfer import LLM, SamplingParams
     from aioinfer.structured_output import StructuredOutputsParams

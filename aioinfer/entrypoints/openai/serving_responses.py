@@ -25,7 +25,6 @@ from aioinfer.entrypoints.openai.responses_items import ResponseItems
 from aioinfer.entrypoints.openai.responses_protocol import ResponsesRequest, responses_param, to_chat_request
 from aioinfer.entrypoints.openai.sampling import chat_params, check_logprobs_cap, choice_params
 from aioinfer.entrypoints.openai.server_state import ServerState
-from aioinfer.entrypoints.openai.structured import structured_outputs_of
 from aioinfer.entrypoints.openai.serving_chat import apply_chat_template
 from aioinfer.entrypoints.openai.serving_common import (
     ChoiceResult,
@@ -38,6 +37,7 @@ from aioinfer.entrypoints.openai.serving_common import (
     tokens_as_ids,
     usage,
 )
+from aioinfer.entrypoints.openai.structured import structured_outputs_of
 from aioinfer.entrypoints.openai.tool_calls import ToolPlan, tool_plan
 from aioinfer.sampling_params import SamplingParams
 

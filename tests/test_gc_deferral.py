@@ -5,8 +5,11 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
+
 from aioinfer import LLM, SamplingParams
-from aioinfer.utils.gc_deferral import OUT_OF_REACH, full_collections_deferred
+from aioinfer.entrypoints.openai.server_state import tune_collector_for_serving
+from aioinfer.utils.gc_deferral import OUT_OF_REACH, YOUNG_THRESHOLD, full_collections_deferred
 from tiny_models import make_tiny_model_dir
 
 
@@ -18,7 +21,7 @@ class Node:
 def test_the_thresholds_are_raised_for_the_batch_only_and_nested_uses_share_it():
     before = gc.get_threshold()
     with full_collections_deferred():
-        assert gc.get_threshold() == (before[0], before[1], OUT_OF_REACH)
+        assert gc.get_threshold() == (max(before[0], YOUNG_THRESHOLD), before[1], OUT_OF_REACH)
         with full_collections_deferred():
             pass
         assert gc.get_threshold()[2] == OUT_OF_REACH  # the inner exit kept the outer batch's deferral
@@ -51,7 +54,7 @@ def test_generate_defers_full_collections_and_frees_older_cycles_after(tmp_path)
     params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
     outputs = llm.generate([[5, 9, 13, 200, 7], [42] * 3], params, use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outputs] == [8, 8]
-    assert seen and all(t == (thresholds[0], thresholds[1], OUT_OF_REACH) for t in seen)
+    assert seen and all(t == (max(thresholds[0], YOUNG_THRESHOLD), thresholds[1], OUT_OF_REACH) for t in seen)
     assert gc.get_threshold() == thresholds
     gc.collect()
     assert dead() is None  # nothing kept once the batch is over
@@ -77,3 +80,65 @@ def test_the_deferral_covers_the_whole_call_tokenization_included(tmp_path):
     assert seen == [OUT_OF_REACH, OUT_OF_REACH]
     assert gc.get_threshold() == thresholds
     llm.shutdown()
+
+
+def test_young_collections_come_when_the_heap_grows_not_at_each_burst(monkeypatch):
+    """Bursts of short-lived containers (a step's lists of tuples over 256 requests) start young
+    collections at the interpreter's 700 but hardly any inside a batch; the application's own higher
+    threshold, or 0 (no automatic collection at all), is kept; ``AIOINFER_GC_YOUNG_THRESHOLD=0`` keeps
+    the process's own, and a value that is no whole number >= 0 is a clear error."""
+    before = gc.get_threshold()
+    collections = []
+
+    def count(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+    try:
+        gc.set_threshold(700, before[1], before[2])
+
+        def bursts() -> int:
+            collections.clear()
+            gc.collect()
+            gc.callbacks.append(count)
+            for _ in range(20):
+                burst = [(object(), [i]) for i in range(2_000)]  # alive together, freed together
+                del burst
+            gc.callbacks.remove(count)
+            return len(collections)
+        outside = bursts()  # the process's 700: a few young collections in each burst
+        with full_collections_deferred():
+            inside = bursts()
+        assert outside >= 40 and inside * 20 <= outside, (outside, inside)
+        for own, expected in ((50_000, 50_000), (0, 0)):
+            gc.set_threshold(own, before[1], before[2])
+            with full_collections_deferred():
+                assert gc.get_threshold()[0] == expected
+        gc.set_threshold(700, before[1], before[2])
+        monkeypatch.setenv("AIOINFER_GC_YOUNG_THRESHOLD", "0")
+        with full_collections_deferred():
+            assert gc.get_threshold()[0] == 700
+        monkeypatch.setenv("AIOINFER_GC_YOUNG_THRESHOLD", "5000")
+        with full_collections_deferred():
+            assert gc.get_threshold()[0] == 5000
+        for bad in ("-1", "many"):
+            monkeypatch.setenv("AIOINFER_GC_YOUNG_THRESHOLD", bad)
+            with pytest.raises(ValueError, match="AIOINFER_GC_YOUNG_THRESHOLD"):
+                with full_collections_deferred():
+                    pass
+            assert gc.get_threshold() == (700, before[1], before[2])  # nothing changed, nothing held
+    finally:
+        if count in gc.callbacks:
+            gc.callbacks.remove(count)
+        gc.set_threshold(*before)
+
+
+def test_the_server_freezes_its_start_up_heap_and_collects_young_less_often():
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, before[1], before[2])
+        tune_collector_for_serving()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, before[1], before[2])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

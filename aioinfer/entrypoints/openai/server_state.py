@@ -19,6 +19,7 @@ from aioinfer.entrypoints.openai.shutdown import OpenResponses, quiet_cancelled_
 from aioinfer.metrics import PrometheusMetrics
 from aioinfer.request_log import RequestLog, configure_request_logger
 from aioinfer.server_config import ServerConfig
+from aioinfer.utils.gc_deferral import collect_young_less_often
 
 logger = logging.getLogger("aioinfer.server")
 
@@ -58,7 +59,7 @@ class ServerState:
     async def _own_engine(self) -> None:
         try:
             async with self.engine:
-                freeze_startup_objects()
+                tune_collector_for_serving()
                 logger.info("engine ready: model %s, max_model_len %s", self.served_model_name,
                             self.engine.max_model_len)
                 await self._stop.wait()
@@ -166,9 +167,11 @@ def _default_engine_factory(**kwargs):
     return create_engine(**kwargs)  # an Engine, or a DataParallelEngine with data_parallel_size > 1
 
 
-def freeze_startup_objects() -> None:
+def tune_collector_for_serving() -> None:
     """Move everything alive once the engine is up (model, tokenizer, engine state: ~350k objects)
-    out of the garbage collector's sight, as vLLM does after start-up.
+    out of the garbage collector's sight, as vLLM does after start-up; and young collections only
+    when the heap grows by 20,000 objects, not at every step's transient lists (gc_deferral.py: the
+    async engine's event loop spent half its CPU a token on them at 256 streams).
 
     A full collection traverses them all: 150-210 ms with the GIL held on a 2-core machine, which
     stalls the event loop and every GPU thread at once (the recurring slow run of
@@ -177,4 +180,5 @@ def freeze_startup_objects() -> None:
     """
     gc.collect()
     gc.freeze()
+    collect_young_less_often()
 

@@ -15,11 +15,12 @@ Young collections come less often too (``YOUNG_THRESHOLD``): the interpreter's d
 whenever 700 more container objects are alive than at the last one, and a step over 256 requests
 passes that mark on its own transient lists, tuples and dicts, which reference counting frees a
 moment later anyway: about one young collection a step, each walking what the step holds. At
-20,000 they come only when the heap really grows (CPU, model and sampling stubbed out, workload
-1's 256 requests: the engine thread's CPU a step 0.64 → 0.55 ms; the async engine's host ceiling at
-256 streams 106-108k → 142-167k tok/s, its event loop's CPU 6.0 → 2.6-3.0 µs a token; the
-twenty-fifth session, docs/performance.md). The server, whose process is ours, keeps that threshold
-for good (``collect_young_less_often``, beside its ``gc.freeze()``).
+20,000 they come only when the heap really grows: on a CPU, with the model and the sampling stubbed
+out, 256 requests took 1-2 young collections in 305 steps instead of 309-315, and the engine
+thread's CPU a step went from 0.590 to 0.513 ms (the twenty-fifth session, docs/performance.md).
+The server, whose process is ours, keeps that threshold for good (``collect_young_less_often``,
+beside its ``gc.freeze()``): with a small model computed on a CPU its event loop went from 40-42 to
+35-36 µs a token. An embedded ``Engine`` leaves its application's collector alone.
 
 Nothing changes in what is freed: reference counting frees as always, and cyclic garbage is
 collected at the next young collection, or after the batch once it reached the oldest generation.

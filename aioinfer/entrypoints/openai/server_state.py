@@ -170,8 +170,7 @@ def _default_engine_factory(**kwargs):
 def tune_collector_for_serving() -> None:
     """Move everything alive once the engine is up (model, tokenizer, engine state: ~350k objects)
     out of the garbage collector's sight, as vLLM does after start-up; and young collections only
-    when the heap grows by 20,000 objects, not at every step's transient lists (gc_deferral.py: the
-    async engine's event loop spent half its CPU a token on them at 256 streams).
+    when the heap grows by 20,000 objects, not at every step's transient lists (gc_deferral.py).
 
     A full collection traverses them all: 150-210 ms with the GIL held on a 2-core machine, which
     stalls the event loop and every GPU thread at once (the recurring slow run of

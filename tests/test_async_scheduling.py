@@ -62,6 +62,35 @@ def test_same_outputs_as_the_synchronous_loop(qwen_dir, params):
                 assert [sorted(d) for d in gc.logprobs] == [sorted(d) for d in wc.logprobs]
 
 
+
+def test_a_request_with_penalties_joins_a_batch_scheduled_ahead(qwen_dir):
+    """A request with penalties added while a step is in flight (a server's, any time) is admitted into
+    the step scheduled ahead, beside rows whose tokens are still on the device: the same tokens as each
+    alone in the synchronous loop. (This stopped the step loop: the penalties' check covered every
+    row of the step, not only the rows with a penalty.)"""
+    plain = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    penalized = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, repetition_penalty=1.3,
+                               presence_penalty=0.5, frequency_penalty=0.2)
+    sync = LLM(model=str(qwen_dir), dtype="float32", device="cpu", async_scheduling=False)
+    want = {"a": sync.generate([PROMPTS[0]], plain, use_tqdm=False)[0].outputs[0].token_ids,
+            "b": sync.generate([PROMPTS[1]], penalized, use_tqdm=False)[0].outputs[0].token_ids}
+    llm = LLM(model=str(qwen_dir), dtype="float32", device="cpu", async_scheduling=True)
+    core, got = llm.engine, {"a": [], "b": []}
+
+    def step():
+        for out in core.step():
+            got[out.request_id] += out.new_token_ids
+
+    core.add_request(llm.inputs.make_request("a", PROMPTS[0], plain.clone()))
+    step()
+    step()
+    assert core._in_flight is not None  # a step of "a" launched ahead, its token not yet on the host
+    core.add_request(llm.inputs.make_request("b", PROMPTS[1], penalized.clone()))
+    while core.has_unfinished():
+        step()
+    assert got == want
+    assert core.kv_cache.all_free()
+
 def test_eos_and_stop_strings_end_requests_a_step_late_without_extra_tokens(qwen_dir):
     llm = LLM(model=str(qwen_dir), dtype="float32", device="cpu", async_scheduling=True)
     eos = llm.engine.loaded.eos_token_ids[0]

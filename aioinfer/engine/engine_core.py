@@ -185,6 +185,8 @@ class EngineCore:
         # Penalties read the content of every generated token, which is still on the device (a
         # grammar's mask too, but only at sampling: see step_with_details). The
         # scheduler's running set is exactly its requests with status RUNNING (check_invariants).
+        # One still waiting may be admitted in the step ahead: it has no token in flight then (the
+        # scheduler admits none that has), and the step after it is in lockstep.
         lockstep_needed = False
         if self._tensor_parallel and self._grammars_alive():
             # Masks under tensor parallelism are computed at launch (rank 0 sends them to the other

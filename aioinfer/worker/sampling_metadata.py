@@ -215,12 +215,14 @@ def build_penalty_tensors(rows: Sequence[SamplingRow], vocab_size: int,
     use_pres = any(p.presence_penalty != 0.0 for p in params)
     if not (use_rep or use_freq or use_pres):
         return None
-    # Penalties need the content of every generated token: the engine never schedules ahead of them.
-    assert all(row.num_pending_tokens == 0 for row in rows), "penalties with tokens still on the device"
     # Only rows with a penalty contribute indices: the others' counts would multiply by 0 anyway.
     rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
     pen_rows = [i for i, p in enumerate(params)
                 if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0]
+    # A row with a penalty needs the content of every token it generated: the engine never schedules
+    # a running one ahead (engine_core.py), and admits none with a token in flight. The other rows
+    # may have one (a request with penalties admitted in a step scheduled ahead of a decode batch).
+    assert all(rows[i].num_pending_tokens == 0 for i in pen_rows), "penalties with tokens still on the device"
     prompt_index = _flat_token_index([rows[i].prompt_token_ids for i in rep_rows], rep_rows, vocab_size)
     output_index = _flat_token_index([rows[i].output_token_ids for i in pen_rows], pen_rows, vocab_size)
     return PenaltyTensors(

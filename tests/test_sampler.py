@@ -377,6 +377,25 @@ def test_min_tokens_with_ignore_eos_masks_only_stop_tokens():
     assert torch.isinf(processed[0, 3]) and processed[0, 0] == RAW[0]
 
 
+
+def test_min_tokens_leaves_a_row_its_stops_when_nothing_else_is_allowed():
+    """A grammar's mask (applied before the sampler) may allow only stop tokens, as EOS once the grammar
+    is complete: min_tokens then leaves that row's stops as they are (the grammar wins; the scheduler
+    does not end a request on a stop token before min_tokens), and masks them in the other rows."""
+    rows = [make_row(seed=s, prompt=[], output=[], min_tokens=4, stop_token_ids=[3], temperature=t)
+            for s, t in ((1, 0), (2, 1.0), (3, 0), (4, 1.0))]
+    logits = torch.from_numpy(np.tile(RAW, (4, 1)))
+    logits[0, [i for i in range(V) if i not in (0, 3)]] = float("-inf")  # only EOS and the stop token left
+    logits[1, [i for i in range(V) if i != 0]] = float("-inf")  # only EOS
+    logits[2, [i for i in range(V) if i not in (0, 5)]] = float("-inf")  # EOS and one token: that token
+    md = SamplingMetadata.build(rows, V, "cpu")
+    processed = process_logits(logits, md)
+    assert torch.equal(processed[0], logits[0]) and torch.equal(processed[1], logits[1])
+    assert processed[2, 5] == logits[2, 5] and torch.isinf(processed[2, [0, 3]]).all()
+    assert torch.isinf(processed[3, [0, 3]]).all() and torch.isfinite(processed[3, [1, 2, 4]]).all()
+    tokens = Sampler()(logits, md).sampled_token_ids.tolist()
+    assert tokens[0] in (0, 3) and tokens[1] == 0 and tokens[2] == 5 and tokens[3] not in (0, 3)
+
 # ----------------------------------------------------------------------------- hygiene
 
 def test_input_logits_not_modified():

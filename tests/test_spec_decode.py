@@ -573,6 +573,26 @@ def test_logprobs_of_accepted_tokens(tiny, oracle):
                 assert la[token].decoded_token == lb[token].decoded_token
 
 
+
+def test_prompt_logprobs_come_whole_when_the_last_prompt_chunk_drafts(tiny, oracle):
+    """A prompt whose last prefill chunk is its last token alone is granted drafts in that step, so its
+    first token comes through verification: the prompt's logprobs come with it, every row, as without
+    speculation (they were left on the request: one entry for a 33-token prompt, and the output
+    processor's check stopped generate)."""
+    path, prompts, reference = tiny
+    prompt = prompts[2]  # 33 tokens: chunks of 32 and 1
+    assert len(prompt) == 33
+    oracle({tuple(prompt): reference[2]}, corrupt=0.0)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, prompt_logprobs=2, logprobs=1)
+    off = _llm(path, max_num_batched_tokens=32).generate([prompt], params, use_tqdm=False)[0]
+    llm = _llm(path, max_num_batched_tokens=32, speculative_config=SPEC)
+    on = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert _policy(llm).num_accepted_tokens > 0 and on.outputs[0].token_ids == off.outputs[0].token_ids
+    assert len(on.prompt_logprobs) == len(off.prompt_logprobs) == 33 and on.prompt_logprobs[0] is None
+    for a, b in zip(on.prompt_logprobs[1:], off.prompt_logprobs[1:]):
+        assert list(a) == list(b) and [a[t].rank for t in a] == [b[t].rank for t in b]
+        assert [a[t].logprob for t in a] == pytest.approx([b[t].logprob for t in b], abs=1e-4)
+
 def test_no_drafts_before_min_tokens(tiny, oracle):
     """min_tokens masks the stop tokens by output position: a request drafts only once it is reached."""
     path, prompts, reference = tiny

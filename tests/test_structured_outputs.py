@@ -154,12 +154,18 @@ def test_regex_choice_and_grammar_outputs_match_when_sampled(smollm2):
                 assert matches(completion.text), (constraint.kind, completion.text)
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_a_complete_grammar_keeps_taking_eos_when_eos_is_ignored(smollm2_gguf, async_scheduling):
+@pytest.mark.parametrize("path_name", ["lockstep", "async", "speculation"])
+def test_a_complete_grammar_keeps_taking_eos_when_eos_is_ignored(smollm2_gguf, path_name):
     """With ``ignore_eos`` a request runs on after its grammar is complete: the matcher, stopped, is
     given every EOS sampled under its EOS-only mask (no row is left out of the batch's advance) and
-    accepts each one; a free request beside it is unaffected."""
-    llm = _llm(smollm2_gguf, async_scheduling=async_scheduling)
+    accepts each one; a free request beside it is unaffected. With speculation the n-gram drafts
+    after the answer are EOS, and every row after them allows EOS only too (llguidance writes no row
+    past a complete grammar's: those rows allowed every token, and the token after the accepted
+    drafts was anything)."""
+    options = {"lockstep": {}, "async": {"async_scheduling": True},
+               "speculation": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                                                      "prompt_lookup_min": 1, "prompt_lookup_max": 3}}}
+    llm = _llm(smollm2_gguf, **options[path_name])
     masks = llm.engine.runner.grammar_masks
     params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
                              structured_outputs=StructuredOutputsParams(choice=["yes", "no"])),
@@ -173,7 +179,28 @@ def test_a_complete_grammar_keeps_taking_eos_when_eos_is_ignored(smollm2_gguf, a
     assert len(constrained.token_ids) == 12 and len(tail) >= 8 and set(tail) <= eos
     assert masks.num_rejected == 0
     assert len(outputs[1].outputs[0].token_ids) == 12
+    if path_name == "speculation":
+        assert outputs[0].metrics["num_accepted_tokens"] > 0
     llm.shutdown()
+
+
+def test_min_tokens_gives_way_to_a_grammar_that_needs_a_stop_token(smollm2):
+    """min_tokens masks EOS and the stop tokens until it is reached; a grammar that is complete early
+    allows EOS only. The row keeps EOS then (the grammar wins: all its logits -inf, it drew a token
+    the grammar rejected), and that early EOS does not end the request: it ends at the first EOS
+    from min_tokens on, and its text is the answer."""
+    tokenizer = smollm2.get_tokenizer()
+    masks = smollm2.engine.runner.grammar_masks
+    rejected = masks.num_rejected
+    eos = set(smollm2.inputs.eos_token_ids)
+    for options in ({"temperature": 0}, {"temperature": 1.0, "seed": 5, "top_k": 20}):
+        params = SamplingParams(max_tokens=24, min_tokens=8, **options,
+                                structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+        output = smollm2.generate([_chat(tokenizer, "Is the sky blue?")], params, use_tqdm=False)[0].outputs[0]
+        assert output.text in ("yes", "no") and output.finish_reason == "stop"
+        answer = [t for t in output.token_ids if t not in eos]
+        assert len(output.token_ids) == 9 and set(output.token_ids[len(answer):]) <= eos
+    assert masks.num_rejected == rejected
 
 
 def test_invalid_constraint_raises_and_queues_nothing(smollm2):

@@ -47,6 +47,9 @@ def update_verified(scheduler: "Scheduler", request: Request, row: int, token_id
         logprobs = [runner_output.logprobs[row], *(more.get(row, ()) if more else ())]
     num_drafts, request.num_draft_tokens = request.num_draft_tokens, 0
     num_accepted = len(token_ids) - 1
+    prompt_rows = None
+    if not request.output_token_ids:  # drafts on the prompt's last chunk: its rows go with the first token
+        prompt_rows, request.prompt_logprob_rows = request.prompt_logprob_rows, None
     if request.status == RequestStatus.RUNNING:  # (a preempted request's computed tokens restart anyway)
         request.num_computed_tokens -= num_drafts - num_accepted
         scheduler.kv_cache.trim(request.request_id, request.num_computed_tokens)
@@ -65,4 +68,4 @@ def update_verified(scheduler: "Scheduler", request: Request, row: int, token_id
                 break
     return EngineCoreOutput(request.request_id, new_tokens, logprobs[:len(new_tokens)], finish_reason,
                             request.stop_reason, len(request.prompt_token_ids), request.num_preemptions,
-                            request.num_cached_tokens or 0)
+                            request.num_cached_tokens or 0, prompt_rows)

@@ -428,6 +428,8 @@ class Scheduler:
                 continue  # aborted (or finished by an earlier token) while the step ran
             request.num_pending_tokens -= 1
             if request.num_draft_tokens:
+                if not request.output_token_ids:  # its first token, drafts after it: the prompt is done
+                    prefilled_prompt_tokens += len(request.prompt_token_ids)
                 outputs.append(update_verified(self, request, row, token_id, runner_output))
                 continue
             output_ids = request.output_token_ids

@@ -13,8 +13,9 @@ launched ahead has them in one of two slots made once, copied to the slot's devi
 of their own beside the forward (mask_slots.py); a lockstep step copies its buffer on the compute
 stream. ``apply`` sets every disallowed logit to -inf on the device before the sampler sees them
 (so logprobs are those of the masked distribution, as in vLLM). A request with drafts has one mask per row: the mask after each draft, computed by advancing its matcher through the drafts
-and back (llguidance stops at a draft the grammar rejects; the rows after it are discarded by
-verification anyway, since that draft is not in the mask before it).
+and back (llguidance stops at a draft the grammar rejects, whose rows after are discarded by
+verification anyway, and once the grammar is complete, whose rows after must allow EOS only:
+``_extend_past_stops``).
 
 Tensor parallelism: rank 0 holds the matchers, computes the masks and broadcasts them over the
 device group at sampling; the other ranks' requests carry ``REMOTE_GRAMMAR`` instead, and they
@@ -212,8 +213,8 @@ class GrammarMasks:
         pinned = self.device.type == "cuda"
         if drafts is None:  # the executor writes every row whole: no need to clear 4.9 MB (256 rows, 151k vocab)
             return torch.empty((num_rows, self.num_words), dtype=torch.int32, pin_memory=pinned)
-        # Rows after a draft the grammar rejects are left as they are: all allowed (and discarded).
-        return torch.full((num_rows, self.num_words), -1, dtype=torch.int32, pin_memory=pinned)
+        # Rows the executor does not reach stay empty, and ``_extend_past_stops`` fills them.
+        return torch.zeros((num_rows, self.num_words), dtype=torch.int32, pin_memory=pinned)
 
     def start(self, pending: Optional[PendingMask], live: Sequence[tuple[object, int]] = ()) -> None:
         """``advance`` by ``live`` (the tokens just collected), then compute ``pending``'s masks, in
@@ -282,6 +283,8 @@ class GrammarMasks:
         job.wait()
         if job.rejected is not None:
             self.num_rejected += _log_rejected(job.live, job.rejected)
+        if job.with_drafts:
+            _extend_past_stops(pending.host, job.with_drafts)
         self.fill_seconds += job.finished - job.started
         self.copy_start_seconds += time.perf_counter() - job.finished
         self.num_fills += 1
@@ -297,6 +300,7 @@ class GrammarMasks:
             executor.unsafe_compute_mask_ptr(pending.plain, host.data_ptr(), row_bytes, num_rows)
         if pending.with_drafts:
             executor.unsafe_compute_mask_ptr_with_draft_token(pending.with_drafts, host.data_ptr(), row_bytes, num_rows)
+            _extend_past_stops(host, pending.with_drafts)
 
     def apply(self, logits: torch.Tensor, mask: StepMask) -> torch.Tensor:
         """Disallowed tokens' logits to -inf, in place ([N, V]; the rows without a grammar unchanged)."""
@@ -322,6 +326,24 @@ def live_tokens(matchers: Sequence, token_ids: Sequence[int], indices: Sequence[
     engine thread ~0.05 ms of a 0.5b constrained step (profiled on the H200, docs/performance.md)."""
     tokens = token_ids if len(indices) == len(token_ids) else [token_ids[i] for i in indices]
     return list(zip(matchers, tokens))
+
+
+def _extend_past_stops(host: torch.Tensor, with_drafts: Sequence[tuple]) -> None:
+    """The rows of a request's drafts that llguidance left unwritten (empty) get the mask of the last
+    row it wrote. It stops at a draft the grammar rejects, and then the rows after are discarded by
+    verification (that draft is not in the mask before it); but it also stops once the matcher is
+    stopped (its grammar complete), after writing that row's EOS-only mask, and then the drafts may
+    well be EOS (with ``ignore_eos``, or before a length limit): each row after must allow EOS only
+    too, not every token, or the token after the accepted drafts could be anything. A row llguidance
+    writes is never empty (a matcher in error allows EOS)."""
+    rows = host.numpy()
+    for _, first, drafts in with_drafts:
+        block = rows[first:first + len(drafts) + 1]
+        written = block.any(axis=1)
+        if not written.all():
+            last = int(written.argmin()) - 1  # rows are written from the first on, up to where it stopped
+            if last >= 0:
+                block[last + 1:] = block[last]
 
 
 def _log_rejected(live: Sequence, accepted: Sequence[bool]) -> int:

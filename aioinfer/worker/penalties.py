@@ -31,8 +31,19 @@ def apply_logit_bias(logits: torch.Tensor, index: torch.Tensor, value: torch.Ten
 
 
 def apply_min_tokens(logits: torch.Tensor, index: torch.Tensor) -> None:
-    """Mask EOS and stop tokens of rows still short of min_tokens, in place. ``logits``: [N, V]."""
-    logits.view(-1).index_fill_(0, index, float("-inf"))
+    """Mask EOS and stop tokens of rows still short of min_tokens, in place. ``logits``: [N, V].
+
+    Except in a row this would leave with no token at all: a grammar's row (its mask already applied)
+    whose only continuations are stop tokens, as EOS once a JSON value is complete. The grammar wins
+    there: the row keeps them, and the token it samples does not end the request before min_tokens
+    (the scheduler's rule for a stop token that early), so the output still matches the grammar.
+    Without a grammar no row can be left empty (the raw logits and a bias are finite)."""
+    flat = logits.view(-1)
+    kept = flat[index]
+    flat.index_fill_(0, index, float("-inf"))
+    emptied = torch.isneginf(logits.amax(dim=-1))  # [N]; no host sync: the restore below is masked
+    kept.masked_fill_(~emptied[torch.div(index, logits.shape[1], rounding_mode="floor")], float("-inf"))
+    flat.index_copy_(0, index, kept)
 
 
 def apply_penalties(logits: torch.Tensor, pen: PenaltyTensors) -> torch.Tensor:

@@ -378,7 +378,8 @@ def test_min_tokens_with_ignore_eos_masks_only_stop_tokens():
 
 
 
-def test_min_tokens_leaves_a_row_its_stops_when_nothing_else_is_allowed():
+@pytest.mark.parametrize("device", DEVICES)
+def test_min_tokens_leaves_a_row_its_stops_when_nothing_else_is_allowed(device):
     """A grammar's mask (applied before the sampler) may allow only stop tokens, as EOS once the grammar
     is complete: min_tokens then leaves that row's stops as they are (the grammar wins; the scheduler
     does not end a request on a stop token before min_tokens), and masks them in the other rows."""
@@ -388,7 +389,8 @@ def test_min_tokens_leaves_a_row_its_stops_when_nothing_else_is_allowed():
     logits[0, [i for i in range(V) if i not in (0, 3)]] = float("-inf")  # only EOS and the stop token left
     logits[1, [i for i in range(V) if i != 0]] = float("-inf")  # only EOS
     logits[2, [i for i in range(V) if i not in (0, 5)]] = float("-inf")  # EOS and one token: that token
-    md = SamplingMetadata.build(rows, V, "cpu")
+    logits = logits.to(device)
+    md = SamplingMetadata.build(rows, V, device)
     processed = process_logits(logits, md)
     assert torch.equal(processed[0], logits[0]) and torch.equal(processed[1], logits[1])
     assert processed[2, 5] == logits[2, 5] and torch.isinf(processed[2, [0, 3]]).all()

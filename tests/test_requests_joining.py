@@ -6,7 +6,9 @@ core (so usually while a step is launched ahead), with random sampling options (
 top-k/p, min-p, the three penalties, min_tokens, logit_bias, stop tokens, ignore_eos, logprobs,
 prompt logprobs, a grammar), prompts that share prefixes (prefix-cache hits) or repeat themselves
 (n-gram drafts), on every scheduler path: chunked prefill, preemption by recompute and by swap, a
-small batch, speculation. The reference runs each request alone on the same path in lockstep.
+small batch, speculation. The reference runs each request alone on the same path in lockstep. The asyncio ``Engine`` gets
+the same kind of plans from concurrent tasks, some leaving their stream early: each stream that is
+not left carries exactly its tokens alone, and one that is left a prefix of them.
 
 Each defect this found was one a server would hit: a request with penalties joining a step ahead
 stopped the step loop; with speculation, the rows after a complete grammar's allowed every token;
@@ -18,9 +20,10 @@ from __future__ import annotations
 
 import random
 
+import anyio
 import pytest
 
-from aioinfer import LLM, SamplingParams
+from aioinfer import LLM, Engine, SamplingParams
 from aioinfer.structured_output import StructuredOutputsParams
 from tiny_models import make_tiny_model_dir
 
@@ -149,3 +152,47 @@ def test_requests_joining_at_random_steps_get_their_own_outputs(model_dir, path_
                 assert _same(mine["prompt"], want["prompt"]), where
     for llm in (alone, joined):
         assert llm.engine.runner.grammar_masks.num_rejected == 0
+
+
+@pytest.mark.parametrize("path_name", list(PATHS))
+def test_engine_streams_each_request_its_own_tokens_while_others_come_and_go(model_dir, path_name):
+    options = PATHS[path_name]
+    alone = LLM(model=str(model_dir), dtype="float32", device="cpu", async_scheduling=False, **options)
+    for seed in range(4):
+        rng = random.Random(1000 + seed)
+        requests = []  # (delay before it starts, prompt, params, how many deltas before it leaves or None)
+        for _ in range(rng.randint(4, 10)):
+            params = _params(rng)
+            params.prompt_logprobs = None  # the streams compare tokens only
+            requests.append((rng.random() * 0.02, [rng.randint(3, 399) for _ in range(rng.randint(1, 40))],
+                             params, rng.randint(1, 6) if rng.random() < 0.25 else None))
+        want = [alone.generate([prompt], params.clone(), use_tqdm=False)[0].outputs[0].token_ids
+                for _, prompt, params, _ in requests]
+        got = anyio.run(_stream_all, model_dir, options, requests)
+        for i, (_, _, params, leave_after) in enumerate(requests):
+            if leave_after is None:
+                assert got[i] == want[i], (seed, i, params)
+            else:
+                assert got[i] == want[i][:len(got[i])], (seed, i, params)
+
+
+async def _stream_all(model_dir, options, requests) -> dict[int, list[int]]:
+    got: dict[int, list[int]] = {}
+    async with Engine(str(model_dir), dtype="float32", device="cpu", async_scheduling=True, **options) as engine:
+
+        async def one(i, delay, prompt, params, leave_after):
+            await anyio.sleep(delay)
+            if params.structured_outputs is not None:
+                await engine.prepare_structured_output(params.structured_outputs)
+            got[i] = []
+            deltas = 0
+            async for delta in engine.generate(prompt, params):
+                got[i] += delta.token_ids
+                deltas += 1
+                if leave_after is not None and deltas >= leave_after:
+                    break
+
+        async with anyio.create_task_group() as tasks:
+            for i, request in enumerate(requests):
+                tasks.start_soon(one, i, *request)
+    return got

@@ -5,13 +5,9 @@ CUDA allocator's cached blocks back."""
 
 from __future__ import annotations
 
-import gc
+from aioinfer.utils.dropped_memory import release_dropped_memory
 
 
 def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
     """Collect dropped engines and empty the CUDA cache (``shutdown_ray``: accepted; there is no Ray)."""
-    gc.collect()
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
+    release_dropped_memory()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 
 import torch
 
 from aioinfer.config import EngineConfig
+from aioinfer.utils.dropped_memory import release_dropped_memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +29,7 @@ def choose_num_blocks(config: EngineConfig, spec: KVCacheSpec, device: torch.dev
     if config.cache.num_kv_blocks is not None:
         return config.cache.num_kv_blocks
     if device.type == "cuda":
-        # An engine dropped earlier in this process may still hold the card: in reference cycles not
-        # yet collected, or in torch's cache of freed blocks, which mem_get_info counts as used.
-        gc.collect()
-        torch.cuda.empty_cache()
+        release_dropped_memory()  # an engine dropped earlier in this process may still hold the card
         free, total = torch.cuda.mem_get_info(device)
         # Leave (1 - utilization) of the card, plus room for activations of one full-budget step.
         reserve = total * (1 - config.cache.gpu_memory_utilization) + 2 * 2**30

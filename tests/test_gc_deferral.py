@@ -82,11 +82,12 @@ def test_the_deferral_covers_the_whole_call_tokenization_included(tmp_path):
     llm.shutdown()
 
 
-def test_young_collections_come_when_the_heap_grows_not_at_each_burst(monkeypatch):
-    """Bursts of short-lived containers (a step's lists of tuples over 256 requests) start young
-    collections at the interpreter's 700 but hardly any inside a batch; the application's own higher
-    threshold, or 0 (no automatic collection at all), is kept; ``AIOINFER_GC_YOUNG_THRESHOLD=0`` keeps
-    the process's own, and a value that is no whole number >= 0 is a clear error."""
+def test_young_collections_keep_the_process_threshold_unless_the_knob_raises_it(monkeypatch):
+    """By default a batch keeps the process's young threshold (20,000 cost the server on GPU hosts:
+    gc_deferral.py); ``AIOINFER_GC_YOUNG_THRESHOLD`` raises it for the batch, and then bursts of
+    short-lived containers (a step's lists of tuples over 256 requests) start hardly any young
+    collection inside it; the application's own higher threshold, or 0 (no automatic collection at
+    all), is kept; a value that is no whole number >= 0 is a clear error."""
     before = gc.get_threshold()
     collections = []
 
@@ -105,8 +106,16 @@ def test_young_collections_come_when_the_heap_grows_not_at_each_burst(monkeypatc
                 del burst
             gc.callbacks.remove(count)
             return len(collections)
+        monkeypatch.delenv("AIOINFER_GC_YOUNG_THRESHOLD", raising=False)
+        with full_collections_deferred():
+            assert gc.get_threshold()[0] == 700
+        monkeypatch.setenv("AIOINFER_GC_YOUNG_THRESHOLD", "0")
+        with full_collections_deferred():
+            assert gc.get_threshold()[0] == 700
+        monkeypatch.setenv("AIOINFER_GC_YOUNG_THRESHOLD", "20000")
         outside = bursts()  # the process's 700: a few young collections in each burst
         with full_collections_deferred():
+            assert gc.get_threshold()[0] == 20_000
             inside = bursts()
         assert outside >= 40 and inside * 20 <= outside, (outside, inside)
         for own, expected in ((50_000, 50_000), (0, 0)):
@@ -114,12 +123,6 @@ def test_young_collections_come_when_the_heap_grows_not_at_each_burst(monkeypatc
             with full_collections_deferred():
                 assert gc.get_threshold()[0] == expected
         gc.set_threshold(700, before[1], before[2])
-        monkeypatch.setenv("AIOINFER_GC_YOUNG_THRESHOLD", "0")
-        with full_collections_deferred():
-            assert gc.get_threshold()[0] == 700
-        monkeypatch.setenv("AIOINFER_GC_YOUNG_THRESHOLD", "5000")
-        with full_collections_deferred():
-            assert gc.get_threshold()[0] == 5000
         for bad in ("-1", "many"):
             monkeypatch.setenv("AIOINFER_GC_YOUNG_THRESHOLD", bad)
             with pytest.raises(ValueError, match="AIOINFER_GC_YOUNG_THRESHOLD"):
@@ -132,13 +135,18 @@ def test_young_collections_come_when_the_heap_grows_not_at_each_burst(monkeypatc
         gc.set_threshold(*before)
 
 
-def test_the_server_freezes_its_start_up_heap_and_collects_young_less_often():
+def test_the_server_freezes_its_start_up_heap_and_keeps_the_young_threshold_unless_told(monkeypatch):
     before = gc.get_threshold()
     try:
         gc.set_threshold(700, before[1], before[2])
+        monkeypatch.delenv("AIOINFER_GC_YOUNG_THRESHOLD", raising=False)
         tune_collector_for_serving()
         assert gc.get_freeze_count() > 0
-        assert gc.get_threshold() == (YOUNG_THRESHOLD, before[1], before[2])
+        assert gc.get_threshold() == (700, before[1], before[2])
+        gc.unfreeze()
+        monkeypatch.setenv("AIOINFER_GC_YOUNG_THRESHOLD", "20000")
+        tune_collector_for_serving()
+        assert gc.get_threshold() == (20_000, before[1], before[2])
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)

@@ -11,16 +11,16 @@ comes at the next young collection, outside the step loop. ``LLM.generate`` defe
 call: deferring around its step loop only, the collection held back by one call came while the next
 one tokenized its prompts (the seventeenth session, on the H200).
 
-Young collections come less often too (``YOUNG_THRESHOLD``): the interpreter's default starts one
-whenever 700 more container objects are alive than at the last one, and a step over 256 requests
-passes that mark on its own transient lists, tuples and dicts, which reference counting frees a
-moment later anyway: about one young collection a step, each walking what the step holds. At
-20,000 they come only when the heap really grows: on a CPU, with the model and the sampling stubbed
-out, 256 requests took 1-2 young collections in 305 steps instead of 309-315, and the engine
-thread's CPU a step went from 0.590 to 0.513 ms (the twenty-fifth session, docs/performance.md).
-The server, whose process is ours, keeps that threshold for good (``collect_young_less_often``,
-beside its ``gc.freeze()``): with a small model computed on a CPU its event loop went from 40-42 to
-35-36 µs a token. An embedded ``Engine`` leaves its application's collector alone.
+Young collections keep the process's threshold unless ``AIOINFER_GC_YOUNG_THRESHOLD`` says (then
+both here and, for good, in the server: ``apply_young_threshold``). The interpreter's 700 starts one
+whenever 700 more container objects are alive than at the last one, which a step over 256 requests
+passes on its own transient lists; 20,000 was the default for a while, on CPU figures (the engine
+thread's CPU a step 0.590 -> 0.513 ms with the model stubbed, the twenty-fifth session), until the
+GPU hosts said otherwise: on an H100 host the server ran at 16.5-18.4k tok/s with it against
+21.0-21.8k with 700 (5 runs interleaved, its event loop 34-38 against 29-30 µs a token, its GPU
+thread 25-26 against 22-23), and offline at 0.978 of 700 (6 rounds; the twenty-eighth session,
+docs/performance.md): collected less often, a step's garbage outgrows the caches before it is
+walked. The knob stays for hosts where the balance differs.
 
 Nothing changes in what is freed: reference counting frees as always, and cyclic garbage is
 collected at the next young collection, or after the batch once it reached the oldest generation.
@@ -42,15 +42,15 @@ _holders = 0  # batches running with full collections deferred (threads may over
 _saved: tuple = ()  # the thresholds before the first of them
 
 OUT_OF_REACH = 1 << 30  # young collections a full collection waits for: never, within a batch
-# Net new container objects that start a young collection (the interpreter's default: 700).
-# ``AIOINFER_GC_YOUNG_THRESHOLD`` overrides it; 0 keeps the process's own (benchmarks compare the two).
-YOUNG_THRESHOLD = 20_000
+# Net new container objects that start a young collection: 0 keeps the process's own (the
+# interpreter's default: 700); ``AIOINFER_GC_YOUNG_THRESHOLD`` overrides it (benchmarks compare values).
+YOUNG_THRESHOLD = 0
 
 
 @contextlib.contextmanager
 def full_collections_deferred() -> Iterator[None]:
-    """No automatic full collection for the duration, and young ones only every ``YOUNG_THRESHOLD``
-    net allocations (nested and concurrent uses share one deferral)."""
+    """No automatic full collection for the duration, and young ones at ``young_threshold()`` net
+    allocations if that is higher than the process's (nested and concurrent uses share one deferral)."""
     global _holders, _saved
     with _lock:
         if _holders == 0:
@@ -66,9 +66,9 @@ def full_collections_deferred() -> Iterator[None]:
                 gc.set_threshold(*_saved)
 
 
-def collect_young_less_often() -> None:
-    """For good, in a process that is ours (the server): young collections every ``YOUNG_THRESHOLD``
-    net allocations instead of the interpreter's 700."""
+def apply_young_threshold() -> None:
+    """For good, in a process that is ours (the server): young collections at ``young_threshold()``
+    net allocations if that is higher than the process's (by default nothing changes)."""
     threshold = gc.get_threshold()
     gc.set_threshold(_young(threshold[0]), *threshold[1:])
 

@@ -19,7 +19,7 @@ from aioinfer.entrypoints.openai.shutdown import OpenResponses, quiet_cancelled_
 from aioinfer.metrics import PrometheusMetrics
 from aioinfer.request_log import RequestLog, configure_request_logger
 from aioinfer.server_config import ServerConfig
-from aioinfer.utils.gc_deferral import collect_young_less_often
+from aioinfer.utils.gc_deferral import apply_young_threshold
 
 logger = logging.getLogger("aioinfer.server")
 
@@ -169,8 +169,8 @@ def _default_engine_factory(**kwargs):
 
 def tune_collector_for_serving() -> None:
     """Move everything alive once the engine is up (model, tokenizer, engine state: ~350k objects)
-    out of the garbage collector's sight, as vLLM does after start-up; and young collections only
-    when the heap grows by 20,000 objects, not at every step's transient lists (gc_deferral.py).
+    out of the garbage collector's sight, as vLLM does after start-up; young collections at the
+    interpreter's threshold unless ``AIOINFER_GC_YOUNG_THRESHOLD`` sets another (gc_deferral.py).
 
     A full collection traverses them all: 150-210 ms with the GIL held on a 2-core machine, which
     stalls the event loop and every GPU thread at once (the recurring slow run of
@@ -179,5 +179,5 @@ def tune_collector_for_serving() -> None:
     """
     gc.collect()
     gc.freeze()
-    collect_young_less_often()
+    apply_young_threshold()
 

@@ -165,6 +165,33 @@ async def test_stall_counts_from_the_first_unread_delta_not_from_a_full_buffer(m
 
 
 @pytest.mark.anyio
+async def test_a_failing_stall_probe_is_no_information_and_never_ends_the_engine(model_dir, offline):
+    # An HTTP response's probe reads a socket the client may have closed already; whatever it
+    # raises, the watchdog that samples it must go on, and so must the engine and its requests.
+    async with Engine(model_dir, **OPTIONS, stall_timeout=0.2) as engine:
+        calls = []
+
+        def gone(now):
+            calls.append(now)
+            raise OSError(9, "Bad file descriptor")
+
+        stream = engine.generate([7], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
+                                 stall_probe=gone)
+        with anyio.fail_after(20):
+            while not calls:  # the watchdog sampled it (and the request is still running: ~470 steps)
+                await anyio.sleep(0.02)
+            async for delta in stream:
+                if len(delta.token_ids) and delta.finish_reason is None:
+                    break
+        await stream.aclose()
+        assert len(calls) == 1, "a probe that failed is dropped, not called again"
+        assert not engine.is_dead and engine.counters["aborted_slow_consumer"] == 0
+        tokens, text, _ = await collect(engine.generate(PROMPTS[0], GREEDY))
+        assert tokens == offline["greedy"][0].token_ids and text == offline["greedy"][0].text
+        await wait_until_idle(engine)
+
+
+@pytest.mark.anyio
 async def test_slow_consumer_gets_merged_deltas_then_is_cut_off(model_dir, offline):
     async with Engine(model_dir, **OPTIONS, stream_buffer_size=1) as engine:
         # slow but alive: it reads after the whole request was produced; nothing is dropped

@@ -51,3 +51,49 @@ def test_a_connection_that_is_gone_before_the_first_sample_gives_no_answer():
         s.close()
     assert probe(time.monotonic()) is None
     probe.on_stalled()  # nothing to close: no error
+
+
+def test_a_descriptor_closed_after_the_first_sample_gives_no_answer_and_never_raises():
+    # The engine's watchdog samples the probe; the ASGI server may close the connection between two
+    # samples (a client that reset it). Reading a closed descriptor must be "no information".
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    served, _ = listener.accept()
+    probe = client_stall.probe_for({"client": served.getpeername(), "server": served.getsockname()})
+    try:
+        assert probe(time.monotonic()) is None and probe._fd == served.fileno()
+        served.close()  # the number is free now
+        assert probe(time.monotonic() + 1) is None
+        probe.on_stalled()
+    finally:
+        for s in (client, served, listener):
+            s.close()
+
+
+def test_a_descriptor_reused_by_another_connection_is_not_read_or_closed():
+    listener = socket.create_server(("127.0.0.1", 0))
+    first = socket.create_connection(listener.getsockname())
+    served, _ = listener.accept()
+    probe = client_stall.probe_for({"client": served.getpeername(), "server": served.getsockname()})
+    others = []
+    try:
+        assert probe(time.monotonic()) is None
+        fd = served.fileno()
+        served.close()
+        first.close()
+        while True:  # connect until the freed number is taken by a newer connection
+            other = socket.create_connection(listener.getsockname())
+            accepted, _ = listener.accept()
+            others += [other, accepted]
+            if accepted.fileno() == fd or len(others) > 40:
+                break
+        assert accepted.fileno() == fd
+        accepted.sendall(b"x" * 100)
+        assert probe(time.monotonic() + 1) is None  # not the newer connection's state
+        probe.on_stalled()  # must not cut the newer connection
+        assert other.recv(100) == b"x" * 100
+        accepted.sendall(b"still open")
+        assert other.recv(100) == b"still open"
+    finally:
+        for s in (listener, *others):
+            s.close()

@@ -390,7 +390,7 @@ class Engine:
             await anyio.sleep(period)
             now = time.monotonic()
             for channel in list(self._channels.values()):
-                if channel.stalled_for(now) > self.stall_timeout:
+                if channel.stalled_for(now) > self.stall_timeout:  # a failing probe reads as "keeping up"
                     self.counters["aborted_slow_consumer"] += 1
                     self._abort_channel(channel, "slow_consumer", error=SlowConsumerError(
                         f"request {channel.request_id}: the consumer took nothing for {self.stall_timeout:g} s "
@@ -398,7 +398,7 @@ class Engine:
                     # A relay may cut its recipient off (an HTTP response closes the connection).
                     on_stalled = getattr(channel.stall_probe, "on_stalled", None)
                     if on_stalled is not None:
-                        call_observer(on_stalled)
+                        call_observer(on_stalled)  # never raises into the engine
 
     # ------------------------------------------------------------------ helpers
 

@@ -27,6 +27,7 @@ wakes once for the one merged delta.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Optional
@@ -36,6 +37,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from aioinfer.engine.delta import DeltaMerger, GenerationDelta
 from aioinfer.errors import EngineDeadError, RequestDeadlineExceeded
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, eq=False)
@@ -169,7 +172,15 @@ class RequestChannel:
         since = self.unread_since
         probe = self.stall_probe
         if probe is not None:
-            relayed = probe(now)
+            try:
+                relayed = probe(now)
+            except Exception:  # noqa: BLE001 - a relay's probe is information: a failing one gives none
+                # The engine's watchdog calls this; an error escaping it would end the engine and
+                # every request with it. The probe is dropped (it would fail again), and the limit
+                # at the consumer still holds.
+                logger.exception("request %s: the stall probe failed; its relay is no longer watched",
+                                 self.request_id)
+                self.stall_probe = relayed = None
             if relayed is not None and (since is None or relayed < since):
                 since = relayed
         return 0.0 if since is None else now - since

@@ -88,26 +88,17 @@ class ClientStallProbe:
         would, instead of holding it and its send buffer until the client comes back."""
         if not self._resolve():
             return
-        sock = socket.socket(self._family, socket.SOCK_STREAM, 0, self._fd)  # not ours: detached below
-        try:
-            if _address(sock.getpeername()) == self._peer:
+        with _borrowed(self._fd, self._family) as sock:
+            if sock is not None and _connection(sock) == (self._peer, self._local):
                 sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # already gone
-        finally:
-            sock.detach()
 
     def _tcp_info(self) -> Optional[bytes]:
-        sock = socket.socket(self._family, socket.SOCK_STREAM, 0, self._fd)  # not ours: detached below
-        try:
-            if _address(sock.getpeername()) != self._peer:
-                return None  # the descriptor was closed and reused
+        with _borrowed(self._fd, self._family) as sock:
+            if sock is None or _connection(sock) != (self._peer, self._local):
+                return None  # closed, or closed and its number reused by another connection or file
             info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _INFO_SIZE)
-        except OSError:
-            return None
-        finally:
-            sock.detach()
-        return info if len(info) >= _INFO_SIZE else None
+            return info if len(info) >= _INFO_SIZE else None
+        return None  # an OSError inside: the connection went away between two calls
 
 
 def probe_for(scope: dict) -> Optional[ClientStallProbe]:
@@ -166,16 +157,45 @@ class _SocketIndex:
 
 def _addresses(fd: int, family: int) -> Optional[tuple]:
     """(peer, local) of the connected socket ``fd`` of a known family, else None."""
-    sock = socket.socket(family, socket.SOCK_STREAM, 0, fd)  # not ours: detached below
-    try:
-        return _address(sock.getpeername()), _address(sock.getsockname())
-    except OSError:
-        return None
-    finally:
-        sock.detach()
+    with _borrowed(fd, family) as sock:
+        if sock is not None:
+            return _connection(sock)
+    return None
+
+
+class _borrowed:
+    """``with _borrowed(fd, family) as sock``: a socket object over a descriptor the ASGI server owns,
+    detached (never closed) on the way out; ``sock`` is None when the descriptor is no longer open.
+    Every ``OSError`` inside is swallowed: the connection can go at any moment (the client resets it,
+    the server closes it), and what this module reads is information, never a reason to fail; the
+    engine's watchdog calls it, and an error raised there would end the engine."""
+
+    __slots__ = ("_sock", "_fd", "_family")
+
+    def __init__(self, fd: int, family: int) -> None:
+        self._fd, self._family, self._sock = fd, family, None
+
+    def __enter__(self) -> Optional[socket.socket]:
+        try:  # a closed descriptor raises here already (EBADF)
+            self._sock = socket.socket(self._family, socket.SOCK_STREAM, 0, self._fd)
+        except OSError:
+            self._sock = None
+        return self._sock
+
+    def __exit__(self, kind, error, tb) -> bool:
+        if self._sock is not None:
+            self._sock.detach()
+        return kind is not None and issubclass(kind, OSError)
+
+
+def _connection(sock: socket.socket) -> tuple:
+    """(peer, local) addresses of a connected socket (raises OSError when it is not one)."""
+    return _address(sock.getpeername()), _address(sock.getsockname())
 
 
 def _address(addr) -> tuple:
+    if not isinstance(addr, tuple):  # the number now names a Unix socket: not a TCP connection
+        raise OSError("not an internet socket")
     return str(addr[0]), int(addr[1])
 
 

@@ -13,6 +13,10 @@ elsewhere) instead of a truncated answer that looks complete.
 
 Hypercorn cancels a request's task only there: a client disconnect reaches the app as
 ``http.disconnect`` (Quart cancels its own handler), not as a cancellation of this task.
+
+Whatever way an HTTP exchange ends, the engine work it admitted ends with it (``release``): a
+request must never outlive its connection, which is what a response the ASGI server could not
+start (a 500 after the handler returned) otherwise left running.
 """
 
 from __future__ import annotations
@@ -41,6 +45,17 @@ class ResponseSlot:
         self.cancelled = True
         for streams in self.streams:
             await streams.abort_for_shutdown()
+
+    async def release(self) -> None:
+        """The HTTP exchange is over, however it ended: abort whatever engine work it still holds.
+
+        A response that ends normally has closed its streams already (aborting again costs a lookup).
+        This is for the ways no handler's ``finally`` sees: the server failed to send the response's
+        head (a 500 from the ASGI server after the handler returned), or the body was never iterated.
+        Without it such requests ran on for a connection that was gone."""
+        for streams in self.streams:
+            await streams.close()
+        self.streams.clear()
 
 
 class OpenResponses:
@@ -101,6 +116,7 @@ class EndOpenResponses:
             raise
         finally:
             self.responses.close(slot)
+            await slot.release()  # never suspends (the engine's abort only posts): safe while cancelled
 
     @staticmethod
     async def _end(slot: ResponseSlot, inner: asyncio.Future) -> None:

@@ -33,6 +33,7 @@ _REQUEST_TPOT_BUCKETS = _ITL_BUCKETS
 # prometheus-fastapi-instrumentator's default low-resolution buckets for http_request_duration_seconds.
 _HTTP_DURATION_BUCKETS = (0.1, 0.5, 1.0)
 # Routes vLLM leaves out of its HTTP series (probes and the scrape itself): aioinfer's ones of them.
+_HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"})
 _HTTP_EXCLUDED = frozenset({"/metrics", "/health", "/ready", "/version"})
 _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -262,6 +263,8 @@ class PrometheusMetrics:
             if route in _HTTP_EXCLUDED:
                 return
             handler = "none" if route == "unmatched" else route
+            # The method is the client's string: a label per made-up method would grow without bound.
+            method = method if method in _HTTP_METHODS else "other"
             self.http_requests.labels(method, f"{status // 100}xx", handler).inc()
             if duration is not None:
                 self.http_duration.labels(method, handler).observe(duration)

@@ -2,7 +2,9 @@
 
 An ``EngineObserver``. Lines carry ids, status, token counts and timings — never prompt or
 output text, which may be private. HTTP errors that never reached the engine (validation, auth)
-get their own line from the app through ``log_http_error``.
+get their own line from the app through ``log_http_error``. A line is one JSON object (orjson escapes
+every control character, so no client string can end it or start another); the strings a client
+chooses there (its X-Request-Id, the path) are also cut to ``CLIENT_STRING_CHARS``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import orjson
 from aioinfer.async_engine.stats import RequestStats, StepStats
 
 LOGGER_NAME = "aioinfer.requests"
+CLIENT_STRING_CHARS = 256  # of a client's string in a line: an id or a path, not a payload
 
 
 class RequestLog:
@@ -63,7 +66,8 @@ class RequestLog:
 
     def log_http_error(self, *, request_id: Optional[str], method: str, path: str, status: int,
                        code: Optional[str]) -> None:
-        self.emit("http_error", request_id=request_id, method=method, path=path, status=status, code=code)
+        self.emit("http_error", request_id=_clip(request_id), method=_clip(method), path=_clip(path), status=status,
+                  code=code)
 
 
 def configure_request_logger(enabled: bool) -> None:
@@ -78,6 +82,12 @@ def configure_request_logger(enabled: bool) -> None:
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
+
+
+def _clip(value: Optional[str]) -> Optional[str]:
+    if value is None or len(value) <= CLIENT_STRING_CHARS:
+        return value
+    return value[:CLIENT_STRING_CHARS] + "..."
 
 
 def _round(value: Optional[float]) -> Optional[float]:

@@ -144,15 +144,29 @@ class SamplingParams:
 
     def validate_logprobs_cap(self, max_logprobs: int, vocab_size: int) -> None:
         """vLLM's rule: the logprobs a position may get, -1 counting as the vocabulary, are at most the
-        engine's ``max_logprobs`` (20 unless set; -1 there: the vocabulary). Raises ``LogprobsCapExceeded``."""
-        cap = vocab_size if max_logprobs == WHOLE_VOCAB else max_logprobs
+        engine's ``max_logprobs`` (20 unless set; -1 there: the vocabulary), and never more than the
+        vocabulary whatever the cap (the step's top-k would fail on the engine's thread and end the
+        engine). Raises ``LogprobsCapExceeded``."""
+        cap = vocab_size if max_logprobs == WHOLE_VOCAB else min(max_logprobs, vocab_size)
         for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
             value = getattr(self, name)
             wanted = vocab_size if value == WHOLE_VOCAB else value
             if wanted is not None and wanted > cap:
                 asked = f"{wanted} (-1: the whole vocabulary)" if value == WHOLE_VOCAB else str(wanted)
-                raise LogprobsCapExceeded(name, f"{asked} {kind} logprobs a position asked for, more than this "
-                                                f"engine's max_logprobs, {cap} (vLLM's option and --max-logprobs)")
+                limit = (f"the vocabulary's {vocab_size} tokens" if cap == vocab_size and max_logprobs != cap
+                         else f"this engine's max_logprobs, {cap} (vLLM's option and --max-logprobs)")
+                raise LogprobsCapExceeded(name, f"{asked} {kind} logprobs a position asked for, more than {limit}")
+
+    def logprob_entries(self, num_prompt_tokens: int, vocab_size: int, max_output_tokens: int) -> int:
+        """How many (token, logprob) entries this request's output may hold: each prompt position after
+        the first, and each of up to ``max_output_tokens`` generated tokens, gets the top-N and the token
+        itself. What a response's size (and the host memory behind it) grows with; the server bounds it
+        (``--max-logprob-entries``)."""
+        def per_position(value: Optional[int]) -> int:
+            return 0 if value is None else min(num_logprobs(value, vocab_size) + 1, vocab_size)
+
+        return (max(0, num_prompt_tokens - 1) * per_position(self.prompt_logprobs)
+                + max(0, max_output_tokens) * per_position(self.logprobs))
 
     def validate_for_prompt(self, num_prompt_tokens: int, vocab_size: int) -> None:
         """Whole-vocabulary prompt logprobs must stay within ``MAX_WHOLE_VOCAB_ENTRIES``."""

@@ -88,6 +88,10 @@ class ServerConfig:
     max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413
     shutdown_grace: float = 10.0  # seconds in-flight requests may run on after SIGTERM before being aborted
     max_n: int = 64  # upper bound on `n` (each choice is a separate engine request)
+    # Most (token, logprob) entries one response may carry, prompt and output logprobs of every choice
+    # together (SamplingParams.logprob_entries); more is a 400 before admission. An entry is ~80 bytes of
+    # JSON and ~370 bytes of host memory at the peak of building the response: 2**20 is ~80 MB and ~0.4 GB.
+    max_logprob_entries: int = 1 << 20
     log_requests: bool = True  # one JSON line per finished request on the "aioinfer.requests" logger
     # Connections the kernel queues for accept (0: leave the HTTP server's own, hypercorn's 100);
     # entrypoints/openai/listen_backlog.py says why 2048.
@@ -127,6 +131,8 @@ class ServerConfig:
             raise ValueError(f"shutdown_grace must be >= 0, got {self.shutdown_grace!r}")
         if not (isinstance(self.max_n, int) and self.max_n >= 1):
             raise ValueError(f"max_n must be a positive integer, got {self.max_n!r}")
+        if not (isinstance(self.max_logprob_entries, int) and self.max_logprob_entries >= 1):
+            raise ValueError(f"max_logprob_entries must be a positive integer, got {self.max_logprob_entries!r}")
         if not (isinstance(self.listen_backlog, int) and self.listen_backlog >= 0):
             raise ValueError(f"listen_backlog must be an integer >= 0, got {self.listen_backlog!r}")
         if self.chat_template is not None:
@@ -227,7 +233,7 @@ class _UnlessRootHandles(logging.StreamHandler):
 
 _FIELD_TYPES: dict[str, type] = {
     "model": str, "served_model_name": str, "api_key": str, "max_body_bytes": int,
-    "shutdown_grace": float, "max_n": int, "log_requests": bool, "listen_backlog": int,
+    "shutdown_grace": float, "max_n": int, "max_logprob_entries": int, "log_requests": bool, "listen_backlog": int,
     "enable_request_id_headers": bool, "enable_force_include_usage": bool, "enable_tokenizer_info_endpoint": bool,
     "return_tokens_as_token_ids": bool, "enforce_strict_tools": bool, "chat_template": str,
     "allowed_origins": string_list_json, "allow_credentials": bool, "allowed_methods": string_list_json,

@@ -13,7 +13,8 @@ from aioinfer import LLM, SamplingParams
 from server_process import start_server
 from tiny_models import VOCAB_SIZE, make_tiny_model_dir
 
-ENGINE_OPTIONS = dict(dtype="float32", device="cpu", max_model_len=256, block_size=16, num_kv_blocks=128)
+ENGINE_OPTIONS = dict(dtype="float32", device="cpu", max_model_len=256, block_size=16, num_kv_blocks=128,
+                      cpu_threads=1)  # as the server runs (server_process.py): the same sums, the same logprobs
 PROMPTS = ["Hello, world! How are you", "The quick brown fox"]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who won in 2020?"}]
 GREEDY = dict(temperature=0, max_tokens=5)

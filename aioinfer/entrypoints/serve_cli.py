@@ -43,6 +43,8 @@ _SERVER_FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-body-bytes": ("max_body_bytes", int, "larger request bodies get 413"),
     "--shutdown-grace": ("shutdown_grace", float, "seconds in-flight requests may finish after SIGTERM"),
     "--max-n": ("max_n", int, "largest n accepted"),
+    "--max-logprob-entries": ("max_logprob_entries", int, "most (token, logprob) entries one response may carry, "
+                                                          "prompt and output, all choices (default: 1048576)"),
     "--listen-backlog": ("listen_backlog", int, "connections queued for accept (0: hypercorn's 100; default 2048)"),
     "--chat-template": ("chat_template", str, "a Jinja file, or the template itself, instead of the tokenizer's "
                                               "(default: the tokenizer's)"),

@@ -123,7 +123,7 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception):
-        logger.exception("unhandled error on %s %s", request.method, request.path)
+        logger.exception("unhandled error on %r %r", request.method, request.path)  # client strings: escaped
         return _error_response(APIError(500, f"Internal server error ({type(exc).__name__})", type="server_error",
                                         code="internal_error"))
 

@@ -1,13 +1,70 @@
 """Engine logprobs (one ``{token_id: Logprob}`` dict per generated token) in OpenAI's two formats,
-and prompt logprobs in vLLM's."""
+and prompt logprobs in vLLM's; and the server's bound on how many a response may carry.
+
+Whole-vocabulary logprobs (-1) are ~50k-150k entries a position: a response's size grows with
+positions x entries whatever ``max_logprobs`` allows, so ``check_logprobs_budget`` refuses, before
+admission, what could exceed ``--max-logprob-entries``. Large positions are encoded to JSON as soon as
+they are formatted (``orjson.Fragment``): one position's dicts exist at a time, not the whole response's.
+"""
 
 from __future__ import annotations
 
 from typing import Callable, Optional
 
+import orjson
+
+from aioinfer.entrypoints.openai.errors import bad_request
 from aioinfer.outputs import Logprob, PromptLogprobs
+from aioinfer.sampling_params import SamplingParams, num_logprobs
 
 _FLOOR = -9999.0  # -inf is not valid JSON; vLLM clamps to this value too
+_STREAMED_FREELY = 20  # top-N a streamed position may ask without its generated tokens counting (OpenAI's max)
+_ENCODE_AT = 64  # entries a position's JSON object may hold before it is encoded at once (orjson.Fragment)
+
+
+def _encoded(value, size: int):
+    """``value`` itself, or already encoded when it is large (the response's JSON is the same)."""
+    return orjson.Fragment(orjson.dumps(value)) if size > _ENCODE_AT else value
+
+
+def check_logprobs_budget(params: SamplingParams, prompt_lengths: list[int], n: int, engine, budget: int,
+                          sample_param: str = "logprobs", prompt_param: str = "prompt_logprobs",
+                          stream: bool = False) -> None:
+    """400 naming the field when the response's logprobs could hold more than ``budget`` entries (the
+    server's ``max_logprob_entries``): each choice's prompt positions and its most generated tokens
+    (``max_tokens``, else the rest of the context), times the top-N and the token itself.
+    ``prompt_lengths``: per prompt, in tokens; ``n``: choices per prompt.
+
+    A stream's generated tokens are sent chunk by chunk, never held together: within OpenAI's and
+    vLLM's default of 20 a position they are not counted (top_logprobs 20 with no max_tokens on a
+    128k context would otherwise be refused); above it (a server that raised ``max_logprobs``, the
+    whole vocabulary) they are, as a stalled client's backlog of such chunks grows fast."""
+    if params.logprobs is None and params.prompt_logprobs is None:
+        return
+    vocab, context = engine.vocab_size, engine.max_model_len
+    count_output = not stream or (params.logprobs is not None
+                                  and num_logprobs(params.logprobs, vocab) > _STREAMED_FREELY)
+    prompt_entries = output_entries = 0
+    for length in prompt_lengths:
+        room = max(0, context - length)
+        most = room if params.max_tokens is None else min(params.max_tokens, room)
+        prompt_entries += n * params.logprob_entries(length, vocab, 0)
+        if count_output:
+            output_entries += n * params.logprob_entries(0, vocab, most)
+    total = prompt_entries + output_entries
+    if total <= budget:
+        return
+    parts = [f"{prompt_entries} for the prompt"] if prompt_entries else []
+    if output_entries:
+        parts.append(f"{output_entries} for the generated tokens, up to "
+                     + ("max_tokens" if params.max_tokens is not None
+                        else "the rest of the context as max_tokens is unset"))
+    choices = len(prompt_lengths) * n
+    raise bad_request(
+        f"the logprobs asked for could fill this response with {total} (token, logprob) entries ({', '.join(parts)}"
+        + (f"; {choices} choices" if choices > 1 else "") + f"), more than this server's limit of {budget} "
+        "(AIOINFER_MAX_LOGPROB_ENTRIES, --max-logprob-entries): ask for fewer logprobs, tokens or choices",
+        param=prompt_param if prompt_entries >= output_entries else sample_param, code="logprobs_limit_exceeded")
 
 
 def _value(lp: float) -> float:
@@ -60,7 +117,7 @@ class CompletionLogprobs:
             top = {_token_str(tid, lp, self.as_token_ids): _value(lp.logprob) for tid, lp in _top(entry, self.top_n)}
             if sampled is not None:
                 top.setdefault(text, _value(sampled.logprob))
-            top_logprobs.append(top)
+            top_logprobs.append(_encoded(top, len(top)))
             offsets.append(self.offset)
             self.offset += len(text)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
@@ -72,9 +129,9 @@ def prompt_logprobs_json(entries: Optional[PromptLogprobs]) -> Optional[list]:
     ``{"<token id>": {"logprob", "rank", "decoded_token"}}`` (the token itself and the top-N)."""
     if entries is None:
         return None
-    return [None if entry is None else
+    return [None if entry is None else _encoded(
             {str(tid): {"logprob": _value(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
-             for tid, lp in entry.items()}
+             for tid, lp in entry.items()}, len(entry))
             for entry in entries]
 
 
@@ -92,12 +149,13 @@ def chat_logprobs(token_ids: list[int], entries: Optional[list[dict[int, Logprob
     for token_id, entry in zip(token_ids, entries or []):
         sampled = entry.get(token_id)
         text = _token_str(token_id, sampled, as_token_ids)
+        top = [{"token": _token_str(tid, lp, as_token_ids), "logprob": _value(lp.logprob),
+                "bytes": list(_token_str(tid, lp, as_token_ids).encode("utf-8"))}
+               for tid, lp in _top(entry, top_n)]
         content.append({
             "token": text,
             "logprob": _value(sampled.logprob) if sampled is not None else _FLOOR,
             "bytes": list(text.encode("utf-8")),
-            "top_logprobs": [{"token": _token_str(tid, lp, as_token_ids), "logprob": _value(lp.logprob),
-                              "bytes": list(_token_str(tid, lp, as_token_ids).encode("utf-8"))}
-                             for tid, lp in _top(entry, top_n)],
+            "top_logprobs": _encoded(top, len(top)),
         })
     return {"content": content}

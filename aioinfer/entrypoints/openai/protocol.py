@@ -4,7 +4,8 @@ Strict mode on JSON input: ``"5"`` is not a number and ``1.5`` is not an integer
 API. Unknown top-level fields of completions and chat requests, and of chat messages, are accepted
 and ignored, as vLLM does (a client's new field, ``metadata``, ``store``, ``reasoning_effort``, must
 not break a working call): ``ignored_fields`` names them for a warning log line and the
-``X-Aioinfer-Ignored-Fields`` response header. Fields that would change the result but are not
+``X-Aioinfer-Ignored-Fields`` response header, where ``describe_fields`` shows these client-chosen
+strings escaped and bounded. Fields that would change the result but are not
 supported yet (``NOT_SUPPORTED_YET``) are a 400 that says so. Nested objects (``stream_options``,
 content parts, tools) stay strict. Range checks that ``SamplingParams`` also makes are repeated
 here only where the pydantic error names the field better.
@@ -33,12 +34,56 @@ NOT_SUPPORTED_YET = frozenset({
 })
 
 
+# What the X-Aioinfer-Ignored-Fields header and the warning line show of the unknown fields: each name cut
+# to _NAME_CHARS (escapes counted), at most _NAMES_SHOWN names, the rest counted. A client chooses these
+# strings and their number; the operator's log and the response header must stay bounded and readable.
+_NAME_CHARS = 64
+_NAMES_SHOWN = 16
+
+
 def ignored_fields(req: BaseModel) -> list[str]:
-    """The unknown fields a request was sent with (``messages[i].name`` for a message's), in order."""
+    """The unknown fields a request was sent with (``messages[i].name`` for a message's), in order, as
+    the client wrote them: ``describe_fields`` makes them safe to show."""
     names = list(req.model_extra or ())
-    for i, message in enumerate(getattr(req, "messages", None) or ()):
-        names.extend(f"messages[{i}].{key}" for key in (message.model_extra or ()))
+    # Only a body that declares ``messages`` has ChatMessage objects there: on /v1/completions an unknown
+    # "messages" is whatever JSON the client sent (5, [1]), kept aside like any other unknown field.
+    if "messages" in type(req).model_fields:
+        for i, message in enumerate(req.messages or ()):
+            names.extend(f"messages[{i}].{key}" for key in (message.model_extra or ()))
     return names
+
+
+def unsupported_field(req: BaseModel) -> Optional[str]:
+    """The first unknown field that is in ``NOT_SUPPORTED_YET`` (top level, or a message's), or None."""
+    for name in req.model_extra or ():
+        if name in NOT_SUPPORTED_YET:
+            return name
+    if "messages" in type(req).model_fields:
+        for i, message in enumerate(req.messages or ()):
+            for key in message.model_extra or ():
+                if key in NOT_SUPPORTED_YET:
+                    return f"messages[{i}].{key}"
+    return None
+
+
+def describe_fields(names: list[str]) -> str:
+    """``names`` for a response header or a log line: ``"a, b, c"``; printable ASCII only (any other
+    character, the comma, the backslash and the space as a Python escape, so that a CR/LF can neither
+    end the header nor start a forged log line), each cut to ``_NAME_CHARS`` characters ("..." marks a
+    cut), at most ``_NAMES_SHOWN`` names and then how many more."""
+    shown = []
+    for name in names[:_NAMES_SHOWN]:
+        text = "".join(_printable(ch) for ch in name[:_NAME_CHARS]) or '""'  # an empty name, seen
+        shown.append(text[:_NAME_CHARS] + "..." if len(text) > _NAME_CHARS or len(name) > _NAME_CHARS else text)
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" (+{more} more)" if more else "")
+
+
+def _printable(ch: str) -> str:
+    if "!" <= ch <= "~" and ch not in ",\\":
+        return ch
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 class StreamOptions(_Strict):

@@ -261,7 +261,7 @@ def chat_messages(req: ResponsesRequest) -> list[dict]:
 
 def _message(item: dict, where: str) -> dict:
     role = item.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:  # a list or object is no role (and unhashable)
         raise bad_request(f"role must be one of {sorted(_ROLES)}, got {role!r}", param=f"{where}.role")
     return {"role": _ROLES[role], "content": _text(item.get("content"), f"{where}.content")}
 
@@ -276,7 +276,7 @@ def _text(content: Any, where: str) -> str:
     for index, part in enumerate(content):
         here = f"{where}.{index}"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS:
+        if not isinstance(kind, str) or kind not in _TEXT_PARTS:
             raise bad_request(f"content part type {kind!r} is not supported: this model takes text only (send "
                               "input_text parts)", param=f"{here}.type")
         texts.append(_string(part, _TEXT_PARTS[kind], here))

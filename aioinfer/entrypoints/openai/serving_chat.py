@@ -9,7 +9,7 @@ from quart import Response
 
 from aioinfer.entrypoints.openai.errors import bad_request, from_engine_error
 from aioinfer.entrypoints.openai.fanout import ChoiceSpec, ChoiceStreams
-from aioinfer.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs_json
+from aioinfer.entrypoints.openai.logprobs import chat_logprobs, check_logprobs_budget, prompt_logprobs_json
 from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from aioinfer.entrypoints.openai.sampling import chat_params, check_logprobs_cap, choice_params
 from aioinfer.entrypoints.openai.server_state import ServerState
@@ -46,6 +46,8 @@ async def create_chat_completion(state: ServerState, body: bytes, client_id: Opt
         raise bad_request(str(exc), param="continue_final_message") from None
     prompt_ids = apply_chat_template(engine, req.messages, tools=plan.tools if plan else None,
                                      chat_template=state.chat_template, **options)
+    check_logprobs_budget(base, [len(prompt_ids)], req.n, engine, state.config.max_logprob_entries,
+                          sample_param="top_logprobs", stream=bool(req.stream))
 
     request_id = new_request_id("chatcmpl", client_id)
     specs = [ChoiceSpec(index=i, prompt_index=0, prompt=prompt_ids, params=choice_params(base, i))

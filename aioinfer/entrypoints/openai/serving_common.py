@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from aioinfer.engine.delta import GenerationDelta
 from aioinfer.entrypoints.openai.client_stall import probe_for
 from aioinfer.entrypoints.openai.errors import bad_request, from_engine_error, from_validation_error, shutting_down
-from aioinfer.entrypoints.openai.protocol import NOT_SUPPORTED_YET, ignored_fields
+from aioinfer.entrypoints.openai.protocol import describe_fields, ignored_fields, unsupported_field
 from aioinfer.entrypoints.openai.shutdown import slot_of
 
 logger = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ async def admit_and_respond(engine, specs, request_id: str, req, job):
     # A stream's client can stop reading while the kernel still buffers megabytes for it: the
     # engine's stall limit also watches the connection itself (client_stall.py).
     stall_probe = probe_for(scope) if req.stream else None
+    headers = {"X-Request-Id": request_id, **ignored_header(req)}  # before admission: nothing to undo if it fails
     try:
         # Structured outputs: the choices' matchers are built in a worker thread, not on the event
         # loop (the grammar is translated once, then cached).
@@ -63,8 +64,7 @@ async def admit_and_respond(engine, specs, request_id: str, req, job):
     except Exception as exc:  # noqa: BLE001 - ValueError/overload/dead -> 400/429/503
         raise from_engine_error(exc) from exc
     if slot is not None:
-        slot.streams.append(streams)  # the shutdown finds it there (shutdown.py)
-    headers = {"X-Request-Id": request_id, **ignored_header(req)}
+        slot.streams.append(streams)  # the shutdown finds it there, and the exchange's end (shutdown.py)
     if req.stream:
         return sse_response(job.stream(streams), headers=headers)
     return json_response(await job.full(streams), headers=headers)
@@ -86,20 +86,21 @@ def parse_body(model: type[M], body: bytes) -> M:
         raise from_validation_error(exc) from None
     except ValueError as exc:  # e.g. invalid UTF-8
         raise bad_request(f"Malformed JSON body: {exc}", code="invalid_json") from None
+    refused = unsupported_field(req)  # a known name (NOT_SUPPORTED_YET), safe to echo
+    if refused is not None:
+        raise bad_request(f"{refused} is not supported yet by this server", param=refused,
+                          code="unsupported_parameter")
     ignored = ignored_fields(req)
     if ignored:
-        refused = [name for name in ignored if name.rpartition(".")[2] in NOT_SUPPORTED_YET]
-        if refused:
-            raise bad_request(f"{refused[0]} is not supported yet by this server", param=refused[0],
-                              code="unsupported_parameter")
-        logger.warning("ignored request fields: %s", ", ".join(ignored))
+        # The names are the client's strings: shown escaped and bounded (describe_fields), never raw.
+        logger.warning("ignored request fields (%d): %s", len(ignored), describe_fields(ignored))
     return req
 
 
 def ignored_header(req) -> dict[str, str]:
     """``X-Aioinfer-Ignored-Fields``: the unknown fields the request was answered without."""
     ignored = ignored_fields(req)
-    return {"X-Aioinfer-Ignored-Fields": ", ".join(ignored)} if ignored else {}
+    return {"X-Aioinfer-Ignored-Fields": describe_fields(ignored)} if ignored else {}
 
 
 def new_request_id(prefix: str, client_id: Optional[str]) -> str:

@@ -9,7 +9,12 @@ from quart import Response
 
 from aioinfer.entrypoints.openai.errors import bad_request, from_engine_error
 from aioinfer.entrypoints.openai.fanout import ChoiceSpec, ChoiceStreams
-from aioinfer.entrypoints.openai.logprobs import CompletionLogprobs, merge_completion_logprobs, prompt_logprobs_json
+from aioinfer.entrypoints.openai.logprobs import (
+    CompletionLogprobs,
+    check_logprobs_budget,
+    merge_completion_logprobs,
+    prompt_logprobs_json,
+)
 from aioinfer.entrypoints.openai.protocol import CompletionRequest
 from aioinfer.entrypoints.openai.sampling import check_logprobs_cap, choice_params, completion_params
 from aioinfer.entrypoints.openai.server_state import ServerState
@@ -37,6 +42,10 @@ async def create_completion(state: ServerState, body: bytes, client_id: Optional
     base = completion_params(req, state.model_defaults())
     check_logprobs_cap(base, engine)
     prompt_ids = [_tokenize(engine, p, req.add_special_tokens) for p in prompts]
+    # echo + logprobs asks for the prompt's logprobs through logprobs (sampling.completion_params)
+    check_logprobs_budget(base, [len(ids) for ids in prompt_ids], req.n, engine, state.config.max_logprob_entries,
+                          prompt_param="prompt_logprobs" if req.prompt_logprobs is not None else "logprobs",
+                          stream=bool(req.stream))
     echoes = [_echo_text(engine, p, ids) if req.echo else "" for p, ids in zip(prompts, prompt_ids)]
 
     request_id = new_request_id("cmpl", client_id)

@@ -10,16 +10,19 @@ its typed event stream (responses_events.py).
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import uuid
 from contextlib import aclosing
 from typing import AsyncIterator, Optional
 
+import orjson
 from quart import Response
 
 from aioinfer.entrypoints.openai.errors import APIError, bad_request, from_engine_error
 from aioinfer.entrypoints.openai.fanout import ChoiceSpec, ChoiceStreams
-from aioinfer.entrypoints.openai.logprobs import chat_logprobs
+from aioinfer.entrypoints.openai.logprobs import chat_logprobs, check_logprobs_budget
 from aioinfer.entrypoints.openai.responses_events import ResponseEvents
 from aioinfer.entrypoints.openai.responses_items import ResponseItems
 from aioinfer.entrypoints.openai.responses_protocol import ResponsesRequest, responses_param, to_chat_request
@@ -58,6 +61,8 @@ async def create_response(state: ServerState, body: bytes, client_id: Optional[s
         check_logprobs_cap(params, engine, sample_param="top_logprobs")
         prompt_ids = apply_chat_template(engine, chat.messages, tools=plan.tools if plan else None,
                                          chat_template=state.chat_template, **chat.template_options())
+        check_logprobs_budget(params, [len(prompt_ids)], 1, engine, state.config.max_logprob_entries,
+                              sample_param="top_logprobs", stream=bool(req.stream))
     except APIError as exc:
         raise responses_param(exc) from None
 
@@ -81,6 +86,11 @@ class _ResponseJob:
         self.tokens_as_ids = tokens_as_ids
         self.result = ChoiceResult(index=0, prompt_index=0)
         self.message_id = _new_id("msg")
+        # The request's tools and text format, echoed in every response object (the stream's first and last)
+        fmt = req.format
+        self.tools_json = _json_echo([tool.model_dump(exclude_none=True) for tool in req.tools or ()])
+        self.text_json = _json_echo({"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt
+                                     else {"type": "text"}})
 
     def _add(self, delta) -> Optional[list]:
         """Fold a delta in; its logprobs in OpenAI's form when they were asked for."""
@@ -173,7 +183,6 @@ class _ResponseJob:
         """The ``response`` object; ``status`` given: the one announced before any output."""
         req, final = self.req, status is None
         status = status or self._status()
-        fmt = req.format
         return {
             "id": self.id, "object": "response", "created_at": self.created, "status": status,
             "completed_at": now() if final and status == "completed" else None,
@@ -186,8 +195,8 @@ class _ResponseJob:
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "temperature": self.params.temperature, "top_p": self.params.top_p,
             "tool_choice": _choice_json(req.tool_choice),
-            "tools": [tool.model_dump(exclude_none=True) for tool in req.tools or ()],
-            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
+            "tools": self.tools_json,
+            "text": self.text_json,
             "top_logprobs": req.top_logprobs or 0, "truncation": req.truncation or "disabled",
             "metadata": req.metadata or {}, "user": req.user,
             "store": False, "background": False, "previous_response_id": None, "reasoning": None,
@@ -201,6 +210,28 @@ class _ResponseJob:
                 "output_tokens": counts["completion_tokens"],
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": counts["total_tokens"]}
+
+
+def _json_echo(value):
+    """A request's own JSON (a tool's parameters, a schema) as the response echoes it. Those objects are
+    free-form: an integer beyond 64 bits is valid JSON there, which orjson refuses, and would fail the
+    response after generation; such a value is encoded by the standard library instead, its digits kept
+    (NaN and infinities, which the parser lets into such objects, become null as orjson writes them)."""
+    try:
+        orjson.dumps(value)
+        return value
+    except orjson.JSONEncodeError:
+        return orjson.Fragment(json.dumps(_finite(value), ensure_ascii=False).encode())
+
+
+def _finite(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _choice_json(choice) -> object:

@@ -174,6 +174,12 @@ class EngineConfig:
     max_cuda_graph_prefill_tokens: int = 256
     async_scheduling: Optional[bool] = None  # schedule step N+1 before step N's ids are back (None: on CUDA)
     speculative: Optional[SpeculativeConfig] = None  # ``speculative_config``: n-gram drafts (None: off)
+    # Structured outputs (structured_output/limits.py): the largest constraint a request may carry,
+    # as text (a schema's JSON, a grammar, a regex, the choices as a JSON list), in bytes; and the
+    # seconds a request waits for its constraint to compile (past it: a 400, and the same constraint
+    # sent again is refused at once)
+    structured_outputs_max_bytes: int = 1 << 20
+    structured_outputs_compile_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         _check(is_valid_device(self.device), "device", self.device, "must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
@@ -189,6 +195,12 @@ class EngineConfig:
             "max_cuda_graph_prefill_tokens", self.max_cuda_graph_prefill_tokens, "must be an integer >= 0")
         _check(self.speculative is None or isinstance(self.speculative, SpeculativeConfig), "speculative",
                self.speculative, "must be a SpeculativeConfig or None")
+        _check(_positive_int(self.structured_outputs_max_bytes), "structured_outputs_max_bytes",
+               self.structured_outputs_max_bytes, "must be a positive integer")
+        _check(isinstance(self.structured_outputs_compile_timeout, (int, float))
+               and not isinstance(self.structured_outputs_compile_timeout, bool)
+               and self.structured_outputs_compile_timeout > 0, "structured_outputs_compile_timeout",
+               self.structured_outputs_compile_timeout, "must be > 0 (seconds)")
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineConfig":
@@ -203,7 +215,8 @@ class EngineConfig:
             sections[section_cls] = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         top = {k: kwargs.pop(k) for k in list(kwargs)
                if k in ("device", "cpu_threads", "attention_backend", "enforce_eager", "max_cuda_graph_batch_size",
-                        "max_cuda_graph_prefill_tokens", "async_scheduling")}
+                        "max_cuda_graph_prefill_tokens", "async_scheduling", "structured_outputs_max_bytes",
+                        "structured_outputs_compile_timeout")}
         if "speculative_config" in kwargs:
             top["speculative"] = SpeculativeConfig.from_value(kwargs.pop("speculative_config"))
         if kwargs:

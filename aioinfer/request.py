@@ -17,6 +17,9 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 4  # EOS, a stop token or a stop string
     FINISHED_LENGTH = 5  # max_tokens or the model's context length
     FINISHED_ABORTED = 6
+    # Its structured-output constraint could not be kept (the grammar engine met one of its limits,
+    # or a dead end, mid-output): the text does not match it (engine_core.py)
+    FINISHED_ERROR = 7
 
     @property
     def finished(self) -> bool:
@@ -32,6 +35,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 

@@ -69,6 +69,8 @@ ENGINE_OPTIONS: dict[str, type] = {
     "preemption_mode": str,
     "swap_space_gib": float,
     "speculative_config": speculative_config_json,
+    "structured_outputs_max_bytes": int,
+    "structured_outputs_compile_timeout": float,
     # async-engine options
     "max_waiting_requests": int,
     "max_waiting_prompt_tokens": int,

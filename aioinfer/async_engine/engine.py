@@ -144,7 +144,8 @@ class Engine:
             loaded_model = core.loaded
             self._inputs = InputProcessor(loaded_model.tokenizer, loaded_model.arch.vocab_size,
                                           loaded_model.max_model_len, loaded_model.eos_token_ids,
-                                          seed=self.config.model.seed, max_logprobs=self.config.model.max_logprobs)
+                                          seed=self.config.model.seed, max_logprobs=self.config.model.max_logprobs,
+                                          grammar_limits=core.grammar_limits)
             self._outputs = OutputProcessor(loaded_model.tokenizer)
             if self.host_cpu is not None and not self._pinned_loop_thread:
                 pin_loop_thread(self.host_cpu)  # the GPU thread pinned itself once the model had loaded
@@ -261,7 +262,9 @@ class Engine:
         0.4 ms to a few ms each, without this call). Raises ``InvalidGrammarError`` (a ValueError)
         for a schema or grammar that does not compile."""
         self._check_open()
-        await anyio.to_thread.run_sync(self._inputs.grammars.prepare, params, count)
+        # Abandoned on cancellation (the client left): the compile cannot be stopped, but its work is
+        # bounded (structured_output/limits.py) and its handler need not wait for it.
+        await anyio.to_thread.run_sync(self._inputs.grammars.prepare, params, count, abandon_on_cancel=True)
 
     def generate(
         self,

@@ -14,7 +14,7 @@ class GenerationDelta:
     token_ids: list[int]  # new token ids
     text: str  # new text (already checked against stop strings; joined deltas = the final text)
     logprobs: Optional[SampleLogprobs]  # one dict per new token, when logprobs were asked
-    finish_reason: Optional[str] = None  # "stop" | "length" | "abort" on the last delta
+    finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "error" (request.py) on the last delta
     stop_reason: object = None  # the stop string or stop token id, if one ended it
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0  # total so far

@@ -15,6 +15,7 @@ from aioinfer.core.scheduler_output import EngineCoreOutput, RunnerOutput, Sched
 from aioinfer.engine.model_setup import LoadedModel, load_for_engine
 from aioinfer.request import Request, RequestStatus
 from aioinfer.spec_decode.policy import DEFAULT_MAX_STEP_TOKENS
+from aioinfer.structured_output.limits import GrammarLimits, describe_error
 from aioinfer.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -62,11 +63,15 @@ class EngineCore:
         # (penalties) and not yet seen finished: usually none, so the per-step schedule-ahead test need
         # not scan every running request (~0.25 us each, every step).
         self._needs_known_tokens: list[Request] = []
-        # Added requests with a grammar, not yet seen finished: a step scheduled ahead is launched
-        # with its masks deferred until the tokens before it are collected (worker/grammar_mask.py).
-        self._grammar_requests: list[Request] = []
+        # Added requests with a grammar, not yet seen finished, by id: a step scheduled ahead is launched
+        # with its masks deferred until the tokens before it are collected (worker/grammar_mask.py),
+        # and one that ends is asked whether its grammar could be kept (``_check_grammar_ends``).
+        self._grammar_requests: dict[str, Request] = {}
         self._grammar_sweep_at = 64  # _grammar_requests' length past which it is swept anyway
         self._tensor_parallel = tensor_parallel
+        # What this engine's constraints may cost to compile; its input processor's compiler takes them.
+        self.grammar_limits = GrammarLimits(config.structured_outputs_max_bytes,
+                                            config.structured_outputs_compile_timeout)
 
     def shutdown(self) -> None:
         """Release what outlives a step: the tensor-parallel worker processes (nothing at tp=1). Idempotent."""
@@ -79,10 +84,13 @@ class EngineCore:
         if _has_penalties(request.sampling_params):
             self._needs_known_tokens.append(request)
         if request.grammar is not None:
-            self._grammar_requests.append(request)
+            self._grammar_requests[request.request_id] = request
 
     def finish_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> list[str]:
         """Abort (or stop) requests; their blocks are free when this returns. Returns the ids that were open."""
+        if self._grammar_requests:
+            for request_id in request_ids:
+                self._grammar_requests.pop(request_id, None)
         return [r.request_id for r in self.scheduler.finish_requests(request_ids, status)]
 
     def take_swap_timings(self) -> tuple:
@@ -136,7 +144,10 @@ class EngineCore:
         self.num_steps += 1
         if self.async_scheduling and self.scheduler.draft_policy is not None:
             self._time_step(scheduler_output, runner_output, lockstep)
+        num_requests = len(self.scheduler.requests)
         outputs = self.scheduler.update(scheduler_output, runner_output)
+        if self._grammar_requests and len(self.scheduler.requests) != num_requests:  # some finished
+            self._check_grammar_ends(outputs)
         if masks_of is not None and self.runner.poll_masks(masks_of):
             # Computed meanwhile: sampled now, behind its forward, rather than after the next schedule.
             self._finish_deferred(masks_of)
@@ -155,11 +166,32 @@ class EngineCore:
         only swept when its oldest request has finished or finished ones may have piled up behind
         it (a long request ahead of many short ones)."""
         requests = self._grammar_requests
-        if requests and not requests[0].status.finished and len(requests) <= self._grammar_sweep_at:
+        if requests and not next(iter(requests.values())).status.finished and len(requests) <= self._grammar_sweep_at:
             return True
-        self._grammar_requests = requests = [r for r in requests if not r.status.finished]
+        self._grammar_requests = requests = {i: r for i, r in requests.items() if not r.status.finished}
         self._grammar_sweep_at = max(64, 2 * len(requests))
         return bool(requests)
+
+    def _check_grammar_ends(self, outputs: list[EngineCoreOutput]) -> None:
+        """A constrained request that ended (EOS, a stop, its length) while its matcher was in its error
+        state (one of llguidance's limits met mid-output, or a dead end of its grammar: its mask then
+        allowed EOS only) did not keep its constraint: it ends with finish_reason "error", the reason
+        as its stop_reason, never with a "stop" whose text breaks the schema."""
+        masks = _grammar_masks(self.runner)
+        for out in outputs:
+            if out.finish_reason is None:
+                continue
+            request = self._grammar_requests.pop(out.request_id, None)
+            if request is None or out.finish_reason == "abort" or masks is None:
+                continue
+            error = masks.failure(request.grammar)
+            if error:
+                reason = describe_error(error)
+                logger.warning("request %s: its structured-output constraint could not be kept: %s",
+                               out.request_id, reason)
+                request.status = RequestStatus.FINISHED_ERROR
+                out.finish_reason = "error"
+                out.stop_reason = f"the output could not be kept to its constraint: {reason}"
 
     def _time_step(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput, lockstep: bool) -> None:
         """Speculation's measured payoff (spec_decode/payoff.py): a decode step's tokens over the time
@@ -204,6 +236,12 @@ class EngineCore:
                                    or launched.num_draft_tokens):
             return False
         return not lockstep_needed
+
+
+def _grammar_masks(runner):
+    """The runner's GrammarMasks (under tensor parallelism, rank 0's, in this process), or None."""
+    masks = getattr(runner, "grammar_masks", None)
+    return masks if masks is not None else getattr(getattr(runner, "runner", None), "grammar_masks", None)
 
 
 def _has_penalties(params) -> bool:

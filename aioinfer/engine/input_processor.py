@@ -27,8 +27,9 @@ def prompt_salt(prompt: PromptInput, cache_salt: Optional[str]) -> Optional[str]
 
 class InputProcessor:
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int, eos_token_ids: tuple[int, ...],
-                 seed: int = 0, max_logprobs: int = MAX_LOGPROBS) -> None:
+                 seed: int = 0, max_logprobs: int = MAX_LOGPROBS, grammar_limits=None) -> None:
         self.tokenizer = tokenizer
+        self.grammar_limits = grammar_limits  # structured_output.limits.GrammarLimits (None: their defaults)
         self.vocab_size = vocab_size
         self.max_logprobs = max_logprobs  # ModelConfig.max_logprobs
         self.max_model_len = max_model_len
@@ -42,7 +43,8 @@ class InputProcessor:
         if self._grammars is None:
             from aioinfer.structured_output.compiler import GrammarCompiler
 
-            self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids,
+                                             limits=self.grammar_limits)
         return self._grammars
 
     def tokenize(self, prompt: PromptInput) -> tuple[Optional[str], list[int]]:

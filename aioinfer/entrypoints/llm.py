@@ -42,7 +42,8 @@ class LLM:
         self.tokenizer = loaded.tokenizer
         self.inputs = InputProcessor(loaded.tokenizer, loaded.arch.vocab_size, loaded.max_model_len,
                                      loaded.eos_token_ids, seed=self.config.model.seed,
-                                     max_logprobs=self.config.model.max_logprobs)
+                                     max_logprobs=self.config.model.max_logprobs,
+                                     grammar_limits=self.engine.grammar_limits)
         self._ids = itertools.count()
         self._metrics = _offline_metrics(self.config.model.model)  # None without prometheus_client
 

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import dataclasses
 import errno
+import faulthandler
 import logging
 import signal
 import socket
@@ -101,6 +102,9 @@ _ENGINE_HELP = {
     "async_scheduling": "schedule step N+1 before step N's results are back (default: on CUDA, off on CPU)",
     "enable_prefix_caching": "reuse KV blocks of equal prompt prefixes (default: on)",
     "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 8}'",
+    "structured_outputs_max_bytes": "largest structured-output constraint (schema, grammar, regex, choices) "
+                                    "a request may carry, in bytes",
+    "structured_outputs_compile_timeout": "seconds a request waits for its constraint to compile before a 400",
 }
 # Values argparse checks up front (status 2), from the engine config's own lists.
 _ENGINE_CHOICES = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "preemption_mode": PREEMPTION_MODES}
@@ -363,6 +367,7 @@ async def serve(config: ServerConfig, host: str, port: int) -> None:
     from aioinfer.entrypoints.openai.api_server import create_app, get_state
     from aioinfer.entrypoints.openai.shutdown import FLUSH_SECONDS, end_after_grace
 
+    faulthandler.enable(all_threads=True)  # a crash in native code leaves every thread's stack in the log
     app = create_app(config)
     state = get_state(app)
     hconfig = Config()

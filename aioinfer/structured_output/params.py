@@ -52,6 +52,8 @@ class StructuredOutputsParams:
                 self.json = json.loads(self.json)
             except ValueError as exc:
                 raise InvalidGrammarError(f"the JSON schema is not valid JSON: {exc}") from exc
+            except RecursionError:  # nested past Python's parser: far past what the compiler takes (limits.py)
+                raise InvalidGrammarError("the JSON schema nests too deeply") from None
         if self.json is not None and not isinstance(self.json, (dict, bool)):
             raise InvalidGrammarError(f"a JSON schema must be an object, got {type(self.json).__name__}")
         if self.regex is not None and not isinstance(self.regex, str):
@@ -89,6 +91,8 @@ def _structural_tag(spec: Union[str, dict]) -> dict:
             spec = json.loads(spec)
         except ValueError as exc:
             raise InvalidGrammarError(f"the structural tag is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise InvalidGrammarError("the structural tag nests too deeply") from None
     if not isinstance(spec, dict):
         raise InvalidGrammarError(f"a structural tag must be an object, got {type(spec).__name__}")
     if "format" in spec and "structures" not in spec:

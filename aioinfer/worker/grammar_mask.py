@@ -17,6 +17,15 @@ and back (llguidance stops at a draft the grammar rejects, whose rows after are 
 verification anyway, and once the grammar is complete, whose rows after must allow EOS only:
 ``_extend_past_stops``).
 
+A matcher that meets one of llguidance's limits mid-output (lexer fuel, Earley items a row), or a
+dead end of its grammar, enters its error state, whose mask allows EOS only: the request would end
+with "stop" and text that breaks its constraint. The engine asks ``failure`` about each constrained
+request that ends, and ends it with an error instead (engine_core.py). A matcher is the worker's
+while a job runs (llguidance refuses a second thread: "Already mutably borrowed"), so under async
+scheduling ``start`` looks first, before it hands the matchers over: a matcher in error has had its
+EOS-only mask, so its request has just sampled EOS; only those rows are asked (``_note_failures``),
+and a step without EOS costs one list scan in C.
+
 Tensor parallelism: rank 0 holds the matchers, computes the masks and broadcasts them over the
 device group at sampling; the other ranks' requests carry ``REMOTE_GRAMMAR`` instead, and they
 receive the masks (every rank samples the same tokens, so every rank applies the same masks).
@@ -108,7 +117,10 @@ class GrammarMasks:
         self.copy_start_seconds = 0.0
         self.wait_seconds = 0.0
         self.num_fills = 0
-        self.num_rejected = 0  # sampled tokens a matcher refused: always 0 unless the masks are wrong
+        self.num_rejected = 0  # sampled tokens a matcher refused: a mask bug, or a limit met consuming it
+        self._eos: tuple[int, ...] = ()  # the model's EOS ids (those of the first constrained row planned)
+        self._failed: dict[int, tuple[object, str]] = {}  # id(matcher) -> (matcher, its error), seen by ``start``
+        self._job: Optional[MaskJob] = None  # the last job handed to the worker
 
     def share_over(self, group) -> None:
         """Tensor parallelism: every step's masks go from rank 0 to the group's other ranks."""
@@ -171,6 +183,8 @@ class GrammarMasks:
                 matchers = [states[i].grammar for i in grammar_states]
                 plain = list(zip(matchers, range(len(matchers))))
                 self._last_plan = (states, grammar_states, plain, matchers)
+                if grammar_states and not self._eos:
+                    self._eos = tuple(states[grammar_states[0]].eos_token_ids)
             if not grammar_states:
                 return None
             assert not tokens_known or all(states[i].num_pending_tokens == 0 for i in grammar_states), \
@@ -225,9 +239,33 @@ class GrammarMasks:
             return
         worker = self._grammar_worker()
         host = pending.host
-        pending.job = MaskJob(live, pending.plain, pending.with_drafts, host.data_ptr(), self.num_words * 4,
-                              host.shape[0])
+        if live:
+            tokens = getattr(live, "tokens", None) or [token for _, token in live]
+            if any(eos in tokens for eos in self._eos):
+                self._note_failures(live)
+        pending.job = self._job = MaskJob(live, pending.plain, pending.with_drafts, host.data_ptr(),
+                                          self.num_words * 4, host.shape[0])
         worker.submit(pending.job)
+
+    def _note_failures(self, live: Sequence[tuple[object, int]]) -> None:
+        """Matchers in their error state among those that sampled EOS (theirs was the only token allowed),
+        kept for ``failure`` (the matchers are idle now: no job holds them)."""
+        eos = self._eos
+        for matcher, token in live:
+            if token in eos and matcher.is_error():
+                if len(self._failed) >= 4096:  # never asked (its request aborted meanwhile): bounded anyway
+                    self._failed.pop(next(iter(self._failed)))
+                self._failed[id(matcher)] = (matcher, matcher.get_error())
+
+    def failure(self, matcher) -> Optional[str]:
+        """Why ``matcher`` could not keep its constraint (llguidance's error), or None: asked by the
+        engine's thread for a constrained request that has just ended."""
+        noted = self._failed.pop(id(matcher), None)
+        if noted is not None and noted[0] is matcher:
+            return noted[1]
+        if self._receives or (self._job is not None and not self._job.is_done()):
+            return None  # the worker holds the matchers; ``start`` looked at them before it did
+        return matcher.get_error() if matcher.is_error() else None
 
     def poll(self, pending: Optional[PendingMask]) -> bool:
         """Start the copy of ``pending``'s masks if the worker has computed them (never waits): the
@@ -319,13 +357,21 @@ def default_grammar_threads(cpus: Optional[set]) -> int:
     return max(1, min(4, count // 2))
 
 
+class LiveTokens(list):
+    """(matcher, token) pairs, with ``tokens`` beside them (``start`` looks for EOS among them in C)."""
+
+    __slots__ = ("tokens",)
+
+
 def live_tokens(matchers: Sequence, token_ids: Sequence[int], indices: Sequence[int]) -> list:
     """(matcher, token) for the rows at ``indices`` (``matchers`` theirs, in order). A stopped matcher
     (complete, or in error: its mask allows EOS only) takes EOS again and stays as it is (llguidance
     1.9), so none is left out: asking each whether it had stopped, 128 calls into llguidance, cost the
     engine thread ~0.05 ms of a 0.5b constrained step (profiled on the H200, docs/performance.md)."""
     tokens = token_ids if len(indices) == len(token_ids) else [token_ids[i] for i in indices]
-    return list(zip(matchers, tokens))
+    live = LiveTokens(zip(matchers, tokens))
+    live.tokens = tokens
+    return live
 
 
 def _extend_past_stops(host: torch.Tensor, with_drafts: Sequence[tuple]) -> None:
@@ -347,10 +393,13 @@ def _extend_past_stops(host: torch.Tensor, with_drafts: Sequence[tuple]) -> None
 
 
 def _log_rejected(live: Sequence, accepted: Sequence[bool]) -> int:
-    """Log each token a matcher rejected (a bug: the tokens were sampled under its mask); their count."""
+    """Log each token a matcher rejected; their count. The tokens were sampled under its mask, so this
+    is one of llguidance's limits met while consuming it (the request then ends with an error: its
+    matcher allows EOS only), or a bug if the error says otherwise."""
     rejected = 0
     for (matcher, token_id), ok in zip(live, accepted):
         if not ok:
             rejected += 1
-            logger.error("structured outputs: the grammar rejected sampled token %d: %s", token_id, matcher.get_error())
+            logger.warning("structured outputs: the grammar could not take sampled token %d: %s", token_id,
+                           matcher.get_error().split("\n", 1)[0])
     return rejected

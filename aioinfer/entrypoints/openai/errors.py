@@ -20,6 +20,7 @@ from aioinfer.errors import (
     RequestDeadlineExceeded,
     SlowConsumerError,
 )
+from aioinfer.structured_output.limits import ConstraintLimitError
 
 
 @dataclass(slots=True)
@@ -123,6 +124,8 @@ def from_engine_error(exc: BaseException) -> APIError:
     if isinstance(exc, AdmissionLimitExceeded):  # before ValueError: it is one, with its own code
         return bad_request(str(exc), param="n" if exc.bound == "max_waiting_requests" else None,
                            code="admission_limit_exceeded")
+    if isinstance(exc, ConstraintLimitError):  # a ValueError too: a limit of the server's, named in the message
+        return bad_request(str(exc), code="constraint_limit_exceeded")
     if isinstance(exc, ValueError):
         message = str(exc)
         is_length = isinstance(exc, RequestTooLongError) or "maximum context length" in message

@@ -10,7 +10,8 @@ clients that route on it). The order, per output item:
                 response.output_text.done, response.content_part.done
       function_call: response.function_call_arguments.delta, ...arguments.done
     response.output_item.done
-    response.completed  (response.incomplete when max_output_tokens cut it)
+    response.completed  (response.incomplete when max_output_tokens cut it; response.failed, with
+                         the response's ``error``, when the output could not be kept to its constraint)
 
 An error once the stream has begun is one ``error`` event (``code``, ``message``, ``param``), and
 the stream ends: OpenAI's form, which the openai client yields as a ``ResponseErrorEvent`` and
@@ -24,7 +25,7 @@ from typing import Optional
 from aioinfer.entrypoints.openai.errors import APIError
 from aioinfer.entrypoints.openai.sse import dumps
 
-TERMINAL = {"completed": "response.completed", "incomplete": "response.incomplete"}
+TERMINAL = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
 
 
 class ResponseEvents:
@@ -88,7 +89,7 @@ class ResponseEvents:
                 *self.function_call_closed(index, item)]
 
     def closing(self, response: dict) -> bytes:
-        """``response.completed`` or ``response.incomplete``, with the whole response."""
+        """``response.completed``, ``response.incomplete`` or ``response.failed``, with the whole response."""
         return self.event(TERMINAL.get(response["status"], "response.completed"), response=response)
 
     def error(self, exc: APIError) -> bytes:

@@ -157,7 +157,9 @@ class _ResponseJob:
     # ------------------------------------------------------------------ the response object
 
     def _status(self) -> str:
-        return {"length": "incomplete", "abort": "cancelled"}.get(self.result.finish_reason, "completed")
+        # "error": the output could not be kept to its constraint (structured_output/limits.py)
+        return {"length": "incomplete", "abort": "cancelled", "error": "failed"}.get(self.result.finish_reason,
+                                                                                  "completed")
 
     def _item_status(self) -> str:
         """A finished item's status: "incomplete" when max_output_tokens cut the response."""
@@ -186,7 +188,7 @@ class _ResponseJob:
         return {
             "id": self.id, "object": "response", "created_at": self.created, "status": status,
             "completed_at": now() if final and status == "completed" else None,
-            "error": None,
+            "error": {"code": "server_error", "message": str(self.result.stop_reason)} if status == "failed" else None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "model": self.model, "output": output,
             "usage": self._usage() if final else None,

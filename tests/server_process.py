@@ -132,3 +132,16 @@ def metric(samples: list[tuple[str, dict[str, str], float]], name: str, **labels
     """Sum of the samples called ``name`` whose labels include ``labels`` (0 when none)."""
     return sum(value for n, lab, value in samples
                if n == name and all(lab.get(k) == v for k, v in labels.items()))
+
+
+def wait_idle(server: ServerProcess, timeout: float = 30.0) -> dict:
+    """Poll /metrics until nothing runs or waits and the KV cache is empty (bounded wait, asserted)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = metric_samples(server)
+        idle = (metric(samples, "vllm:num_requests_running") == 0 and metric(samples, "vllm:num_requests_waiting") == 0
+                and metric(samples, "vllm:kv_cache_usage_perc") == 0)
+        if idle or time.monotonic() > deadline:
+            assert idle, "the engine did not return to idle with a free KV cache"
+            return samples
+        time.sleep(0.1)

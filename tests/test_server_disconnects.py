@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import httpx
 import pytest
 
 from loadtest import disconnects
-from server_process import metric, metric_samples, start_server
+from server_process import start_server, wait_idle
 
 SPECULATION = json.dumps({"method": "ngram", "num_speculative_tokens": 4})
 
@@ -31,17 +30,9 @@ def server(smollm2_gguf):
     proc.close_log()
 
 
-def assert_idle_and_healthy(server, timeout: float = 60.0) -> None:
-    """Bounded wait until nothing runs or waits and the KV cache is free; then /health is 200."""
-    deadline = time.monotonic() + timeout
-    while True:
-        samples = metric_samples(server)
-        idle = (metric(samples, "vllm:num_requests_running") == 0 and metric(samples, "vllm:num_requests_waiting") == 0
-                and metric(samples, "vllm:kv_cache_usage_perc") == 0)
-        if idle or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert idle, "requests of clients that left are still running, or their blocks are held"
+def assert_idle_and_healthy(server) -> None:
+    """Nothing runs or waits and the KV cache is free (a bounded wait); then /health is 200."""
+    wait_idle(server, timeout=60.0)
     health = httpx.get(server.url + "/health", timeout=30)
     assert health.status_code == 200, health.text
     assert "Traceback" not in server.output(), server.output()[-4000:]

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from aioinfer import LLM, SamplingParams
-from server_process import metric, metric_samples, run_server
+from server_process import metric, metric_samples, run_server, wait_idle
 from tiny_models import make_tiny_model_dir
 
 BASE_ENV = {"AIOINFER_DEVICE": "cpu", "AIOINFER_DTYPE": "float32", "AIOINFER_MAX_NUM_BATCHED_TOKENS": "512"}
@@ -23,19 +23,6 @@ def model_dir(tmp_path_factory):
 
 def prompt_for(i: int) -> list[int]:
     return [(7 * i + k) % 400 + 3 for k in range(3 + i % 17)]
-
-
-def wait_idle(server, timeout: float = 30.0) -> dict:
-    """Poll /metrics until nothing runs or waits and the KV cache is empty (bounded wait, asserted)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        samples = metric_samples(server)
-        idle = (metric(samples, "vllm:num_requests_running") == 0 and metric(samples, "vllm:num_requests_waiting") == 0
-                and metric(samples, "vllm:kv_cache_usage_perc") == 0)
-        if idle or time.monotonic() > deadline:
-            assert idle, "the engine did not return to idle with a free KV cache"
-            return samples
-        time.sleep(0.1)
 
 
 def test_64_concurrent_streams_are_batched_and_correct(model_dir, tmp_path):

@@ -186,7 +186,12 @@ class GrammarCompiler:
 def first_line(error: str) -> str:
     """llguidance's error without the parser state or backtrace it may append (the first line says
     what failed; a panic's backtrace is empty in a release build)."""
-    line = error.strip().split("\n", 1)[0]
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    line = lines[0] if lines else ""
+    if line.endswith(":"):  # a regex's parse error: the pattern and a caret, then "error: <the cause>"
+        cause = next((later for later in lines[1:] if later.startswith("error:")), None)
+        if cause is not None:
+            line = f"{line} {cause.removeprefix('error:').strip()}"
     return f"llguidance failed on it ({line})" if line.startswith("panic:") else line
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+# vLLM's other spellings of the same types (its --dtype choices), taken and stored as the names above
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 PREEMPTION_MODES = ("recompute", "swap")
 SPECULATIVE_METHODS = ("ngram",)
@@ -37,6 +39,8 @@ class ModelConfig:
     max_logprobs: int = 20
 
     def __post_init__(self) -> None:
+        if isinstance(self.dtype, str) and self.dtype in DTYPE_ALIASES:
+            object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         _check(isinstance(self.model, str) and self.model, "model", self.model, "must be a non-empty string")
         _check(self.generation_config in ("auto", "vllm") or (
             isinstance(self.generation_config, str) and os.path.isfile(

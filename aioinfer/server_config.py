@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 ENV_PREFIX = "AIOINFER_"
 
@@ -42,17 +42,58 @@ def string_list_json(raw: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+# vLLM's size suffixes: lowercase, powers of 1000 (decimals allowed); uppercase, powers of 1024 (whole numbers)
+_DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_readable_int(raw: str) -> int:
+    """vLLM's integers for --max-model-len and --max-num-batched-tokens: ``4096``, or with a suffix,
+    case-sensitive as vLLM's: ``2k`` = 2000 and ``25.6k`` = 25600 (k, m, g, t: powers of 1000, decimals
+    allowed, the product truncated as vLLM's is), ``32K`` = 32768 (K, M, G, T: powers of 1024, whole
+    numbers only). ValueError for anything else."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    from decimal import Decimal
+
+    text = str(raw).strip()
+    number, suffix = text[:-1], text[-1:]
+    if suffix in _DECIMAL_SUFFIXES and _is_number(number, decimals=True):
+        return int(Decimal(number) * _DECIMAL_SUFFIXES[suffix])  # Decimal: "1.001k" is 1001, not 1000
+    if suffix in _BINARY_SUFFIXES and _is_number(number, decimals=False):
+        return int(number) * _BINARY_SUFFIXES[suffix]
+    if _is_number(text.removeprefix("-"), decimals=False):
+        return int(text)
+    hint = (f" (decimals only with k, m, g, t: {number}{suffix.lower()} is {number} x 1000)"
+            if suffix in _BINARY_SUFFIXES and _is_number(number, decimals=True) else "")
+    raise ValueError(f"expected an integer such as 4096, 2k (2000) or 32K (32768), got {raw!r}{hint}")
+
+
+def context_length(raw: str) -> int:
+    """--max-model-len: ``human_readable_int``; vLLM's ``auto`` / ``-1`` (the longest context that fits
+    in memory) is refused with what to do instead."""
+    if str(raw).strip().lower() in ("auto", "-1"):
+        raise ValueError(f"{raw!r} (vLLM: the longest context that fits in memory) is not supported: leave "
+                         "the option out for the model's own context length, or give a length")
+    return human_readable_int(raw)
+
+
+def _is_number(text: str, decimals: bool) -> bool:
+    whole, _, fraction = text.partition(".") if decimals else (text, "", "")
+    return whole.isascii() and whole.isdigit() and (not fraction or (fraction.isascii() and fraction.isdigit()))
+
+
 # Engine options (passed to Engine(**engine_kwargs)) and their types. None of them is set unless
 # asked for, so the engine's own defaults stay the single source of truth.
 ENGINE_OPTIONS: dict[str, type] = {
     "dtype": str,
     "generation_config": str,
-    "max_model_len": int,
+    "max_model_len": context_length,
     "max_logprobs": int,
     "block_size": int,
     "num_kv_blocks": int,
     "max_num_seqs": int,
-    "max_num_batched_tokens": int,
+    "max_num_batched_tokens": human_readable_int,
     "device": str,
     "cpu_threads": int,
     "load_format": str,
@@ -85,8 +126,12 @@ ENGINE_OPTIONS: dict[str, type] = {
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     model: Optional[str] = None  # HF folder, .gguf file or hub id; None: the default model (fetched)
-    served_model_name: Optional[str] = None  # name in /v1/models and responses; None: engine.model_name
-    api_key: Optional[str] = None  # when set, every route but /health, /ready, /metrics needs the Bearer token
+    # Name(s) in /v1/models, all accepted as a request's model; responses carry the first (vLLM's
+    # --served-model-name takes several). None: engine.model_name
+    served_model_name: Union[str, tuple[str, ...], None] = None
+    # When set, every route but /health, /ready, /metrics needs 'Bearer <key>' with this key or one of
+    # these (vLLM's --api-key takes several)
+    api_key: Union[str, tuple[str, ...], None] = None
     max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413
     shutdown_grace: float = 10.0  # seconds in-flight requests may run on after SIGTERM before being aborted
     max_n: int = 64  # upper bound on `n` (each choice is a separate engine request)
@@ -100,13 +145,19 @@ class ServerConfig:
     listen_backlog: int = 2048
     # vLLM's switches of the same names (off by default, as there):
     enable_request_id_headers: bool = False  # every response carries X-Request-Id (the client's, or a new one)
-    enable_force_include_usage: bool = False  # streams end with a usage chunk even without stream_options
+    # every stream's chunks carry usage and a usage chunk ends it, whatever stream_options say (vLLM's)
+    enable_force_include_usage: bool = False
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (it shows the chat template)
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:<id>" unless a request says no
     # Under tool_choice "auto", hold calls to strict functions to their schemas (tool_calls.py
     # strict_calls; vLLM's VLLM_ENFORCE_STRICT_TOOL_CALLING, off there too: such requests then take
     # the constrained path's cost at every step)
     enforce_strict_tools: bool = False
+    # vLLM's structured_outputs_config.disable_additional_properties, on by default (vLLM's default
+    # backend, xgrammar, behaves so): in a request's JSON schemas, an object that lists its properties
+    # takes no other keys unless it says additionalProperties: true; a request's own
+    # structured_outputs.disable_additional_properties wins (structured_output/closed_objects.py)
+    disable_additional_properties: bool = True
     # vLLM's --chat-template: a Jinja file, or the template itself, used instead of the tokenizer's
     chat_template: Optional[str] = None
     # vLLM's CORS options, with the semantics of the Starlette middleware vLLM uses (cors.py): what a
@@ -124,9 +175,14 @@ class ServerConfig:
     ssl_ca_certs: Optional[str] = None  # PEM CAs that client certificates are checked against
     ssl_cert_reqs: int = 0  # client certificates: 0 none, 1 optional, 2 required (Python's ssl.CERT_*)
     ssl_ciphers: Optional[str] = None  # OpenSSL cipher list for TLS <= 1.2 (None: hypercorn's)
+    # vLLM's --enable-ssl-refresh: the certificate, key and CA files are read again when they change
+    # (entrypoints/ssl_refresh.py); no effect without ssl_certfile, as in vLLM
+    enable_ssl_refresh: bool = False
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # see ENGINE_OPTIONS
 
     def __post_init__(self) -> None:
+        for name in ("served_model_name", "api_key"):
+            self._one_or_more(name)
         if not (isinstance(self.max_body_bytes, int) and self.max_body_bytes > 0):
             raise ValueError(f"max_body_bytes must be a positive integer, got {self.max_body_bytes!r}")
         if not self.shutdown_grace >= 0:
@@ -150,6 +206,24 @@ class ServerConfig:
         unknown = set(self.engine_kwargs) - set(ENGINE_OPTIONS)
         if unknown:
             raise ValueError(f"unknown engine options: {sorted(unknown)}")
+
+    def _one_or_more(self, name: str) -> None:
+        """A name or key, or several (a list kept as a tuple; one alone kept as the string)."""
+        value = getattr(self, name)
+        if value is None or isinstance(value, str):
+            return
+        items = tuple(value)
+        if not items or not all(isinstance(item, str) and item for item in items):
+            raise ValueError(f"{name} must be a non-empty string or a list of them, got {value!r}")
+        object.__setattr__(self, name, items[0] if len(items) == 1 else items)
+
+    def served_model_names(self) -> tuple[str, ...]:
+        """--served-model-name's names, the first being the one responses carry; () when not set."""
+        return _as_tuple(self.served_model_name)
+
+    def api_keys(self) -> tuple[str, ...]:
+        """The keys a request may present; () when the API is open."""
+        return _as_tuple(self.api_key)
 
     def _check_tls(self) -> None:
         """TLS settings that would otherwise fail late (in hypercorn, after the model started loading)
@@ -202,6 +276,12 @@ class ServerConfig:
         return {"model": self.model, **self.engine_kwargs}
 
 
+def _as_tuple(value: Union[str, tuple[str, ...], None]) -> tuple[str, ...]:
+    if not value:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -237,10 +317,11 @@ _FIELD_TYPES: dict[str, type] = {
     "model": str, "served_model_name": str, "api_key": str, "max_body_bytes": int,
     "shutdown_grace": float, "max_n": int, "max_logprob_entries": int, "log_requests": bool, "listen_backlog": int,
     "enable_request_id_headers": bool, "enable_force_include_usage": bool, "enable_tokenizer_info_endpoint": bool,
-    "return_tokens_as_token_ids": bool, "enforce_strict_tools": bool, "chat_template": str,
+    "return_tokens_as_token_ids": bool, "enforce_strict_tools": bool, "disable_additional_properties": bool,
+    "chat_template": str,
     "allowed_origins": string_list_json, "allow_credentials": bool, "allowed_methods": string_list_json,
     "allowed_headers": string_list_json, "root_path": str, "ssl_keyfile": str, "ssl_certfile": str,
-    "ssl_ca_certs": str, "ssl_cert_reqs": int, "ssl_ciphers": str,
+    "ssl_ca_certs": str, "ssl_cert_reqs": int, "ssl_ciphers": str, "enable_ssl_refresh": bool,
 }
 
 

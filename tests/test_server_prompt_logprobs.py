@@ -148,7 +148,9 @@ def test_chat_top_logprobs_minus_one_is_the_whole_vocabulary(whole_vocab_server,
     content = got.choices[0].logprobs.content
     assert len(content) == 1 and len(content[0].top_logprobs) == VOCAB_SIZE
     values = [t.logprob for t in content[0].top_logprobs]
-    assert values == sorted(values, reverse=True) and content[0].logprob in values
+    # the chosen token first (vLLM's order), then the rest of the vocabulary, most likely first
+    assert content[0].top_logprobs[0].token == content[0].token and values[0] == content[0].logprob
+    assert values[1:] == sorted(values[1:], reverse=True)
     everything = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=1,
                                                 extra_body={"prompt_logprobs": -1})
     assert all(len(entry) == VOCAB_SIZE for entry in everything.prompt_logprobs[1:])

@@ -52,15 +52,14 @@ def test_switches_on(model_dir, tmp_path):
         assert len(fresh) == 2 and all(re.fullmatch(r"[0-9a-f]{32}", rid) for rid in fresh)
         assert httpx.get(server.url + "/health").headers["x-request-id"]
 
-        # usage ends every stream, asked for or not; still in the stream's last chunk only
+        # usage on every chunk of every stream, asked for or not, and a usage chunk at its end (vLLM's)
         completion = list(client.completions.create(model=model, prompt="Hello", max_tokens=5, stream=True))
-        usage = _usage_chunks(completion)
-        assert len(usage) == 1 and completion[-1].usage == usage[0] and not completion[-1].choices
-        assert usage[0].completion_tokens == 5
+        assert len(_usage_chunks(completion)) == len(completion) and not completion[-1].choices
+        assert completion[-1].usage.completion_tokens == 5
         chat = list(client.chat.completions.create(model=model, max_tokens=4, stream=True,
                                                    messages=[{"role": "user", "content": "Hi"}]))
-        assert len(_usage_chunks(chat)) == 1 and chat[-1].usage.completion_tokens == 4
-        # continuous usage stats still need stream_options
+        assert len(_usage_chunks(chat)) == len(chat) and chat[-1].usage.completion_tokens == 4
+        # as with stream_options asking for both
         both = list(client.completions.create(model=model, prompt="Hello", max_tokens=3, stream=True,
                                               stream_options={"include_usage": True},
                                               extra_body={"stream_options": {"include_usage": True,

@@ -127,13 +127,27 @@ def test_required_calls_go_out_as_their_objects_close():
     content, items = parser.feed(REQUIRED_TEXT[end_of_first - 1:end_of_first])
     assert items[0]["function"]["name"] == "get_weather"
     assert json.loads(items[0]["function"]["arguments"]) == {"city": 'Pa"ris}', "unit": "celsius"}
-    # Cut by max_tokens inside the second call: the first is kept, the text is not content.
+    # Cut by max_tokens inside the second call's name: the first is kept, the text is never content.
     parser.feed(REQUIRED_TEXT[end_of_first:end_of_first + 20])
     assert parser.finish() == ("", []) and parser.content is None and len(parser.calls) == 1
-    # Cut before any call completed: the text is the content.
-    parser = ToolCallParser("required", NAMES)
-    parser.feed(REQUIRED_TEXT[:30])
-    assert parser.finish() == (REQUIRED_TEXT[:30], []) and parser.calls == []
+
+
+def test_a_required_call_cut_by_max_tokens_is_sent_as_far_as_written():
+    """OpenAI's answer to a named choice cut short, for "required" too: the call being written, once
+    its name is complete, with its arguments so far ("" before they begin); never the list as content."""
+    for cut, expected in [(1, None), (12, None), (25, ""), (38, ""), (40, "{"), (51, '{"city": "Pa')]:
+        parser = ToolCallParser("required", NAMES)
+        parser.feed(REQUIRED_TEXT[:cut])
+        content, items = parser.finish()
+        assert content == "" and parser.content is None, cut
+        if expected is None:
+            assert items == [] and parser.calls == [], cut
+        else:
+            assert [(i["index"], i["function"]) for i in items] == [(0, {"name": "get_weather", "arguments": expected})]
+    parser = ToolCallParser("required", NAMES, max_calls=1)  # parallel_tool_calls false: one call, complete
+    parser.feed(REQUIRED_TEXT[:REQUIRED_TEXT.index("}}") + 30])
+    parser.finish()
+    assert len(parser.calls) == 1 and json.loads(parser.calls[0]["function"]["arguments"])
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call():
@@ -155,7 +169,8 @@ def test_random_texts_add_up_the_same_however_cut():
     ``parallel_tool_calls``: the streamed pieces always add up to the whole text's message."""
     pieces = ["<tool_call>", "</tool_call>", "<tool", "_call>", "</tool", "\n", " ", "{", "}", "[", "]", "```",
               "```json", '{"name": "get_time", "arguments": {}}', '{"name": "get_weather", "parameters": {"city": "x"}}',
-              '{"name": "nope", "arguments": {}}', "Hello", " world.", ",", '"', "\\", ": ", "<", "`"]
+              '{"name": "nope", "arguments": {}}', "Hello", " world.", ",", '"', "\\", ": ", "<", "`",
+              "<|python_tag|>", "<|python", "; ", '[{"name": "get_time", "parameters": {"timezone": "U']
     rng = random.Random(7)
     for _ in range(2000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))

@@ -6,14 +6,26 @@ import argparse
 import sys
 
 
+def _sized(value: str) -> int:
+    """vLLM's sizes (2k = 2000, 32K = 32768), as ``serve`` takes them."""
+    from aioinfer.server_config import human_readable_int
+
+    try:
+        return human_readable_int(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _engine_args(parser: argparse.ArgumentParser) -> None:
+    from aioinfer.config import DTYPE_ALIASES, DTYPES
+
     parser.add_argument("--model", default=None, help="HF folder, .gguf file, or the default model's name")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--dtype", default="auto", choices=[*DTYPES, *DTYPE_ALIASES])  # vLLM's half, float too
+    parser.add_argument("--max-model-len", type=_sized, default=None)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--max-num-batched-tokens", type=_sized, default=8192)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--cpu-threads", type=int, default=None,
                         help="CPU device: torch intra-op threads (default: torch's, at most the CPUs this process may use)")

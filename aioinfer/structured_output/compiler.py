@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from aioinfer.errors import EngineOverloaded
+from aioinfer.structured_output.closed_objects import closed
 from aioinfer.structured_output.compile_threads import CompileBusy, CompileThreads, CompileTimeout, default_compile_threads
 from aioinfer.structured_output.limits import (ConstraintLimitError, GrammarLimits, check_size, check_structure,
                                                setting_name)
@@ -222,14 +223,14 @@ def grammar_text(params: StructuredOutputsParams) -> str:
 
     kind = params.kind
     if kind in ("json", "json_object"):
-        schema = params.json if kind == "json" else {"type": "object"}
+        schema = _schema(params, params.json) if kind == "json" else {"type": "object"}
         return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_json_options(params))
     if kind == "structural_tag":
         # The first trigger each structure's begin starts with (vLLM's rule); triggers are matched as
         # text, not as special tokens (Qwen2.5's <tool_call> is an ordinary added token).
         spec = params.structural_tag
         tags = [llguidance.StructTag(trigger=next(t for t in spec["triggers"] if s["begin"].startswith(t)),
-                                     begin=s["begin"], grammar=s["schema"], end=s["end"])
+                                     begin=s["begin"], grammar=_schema(params, s["schema"]), end=s["end"])
                 for s in spec["structures"]]
         return llguidance.StructTag.to_grammar(tags, assume_special=False)
     if kind == "choice":
@@ -239,7 +240,19 @@ def grammar_text(params: StructuredOutputsParams) -> str:
         # and 100,000 took 10 s to build; as one lexeme they are a trie (1 s for 100,000).
         return llguidance.LLMatcher.grammar_from_lark(
             "start: CHOICE\nCHOICE: " + " | ".join(json.dumps(c) for c in params.choice))
-    return llguidance.grammar_from("regex" if kind == "regex" else "grammar", getattr(params, kind))
+    if kind == "regex":
+        # \d, \w and \s as ASCII classes ([0-9], [0-9a-zA-Z_], [ \t\n\r\f\v]), as vLLM's default
+        # backend (xgrammar) reads them and as JSON Schema's ``pattern`` is read here: llguidance's own
+        # regex (Rust's) takes \d for any Unicode decimal digit, and SmolLM2 held to \d{3}-\d{4} wrote
+        # segmented digits (U+1FBF8). A pattern that wants Unicode classes says so: \p{Nd}, \p{L}.
+        regex = llguidance.regex_to_lark(params.regex, "dws")  # also escapes "/" for Lark's /.../
+        return llguidance.LLMatcher.grammar_from_lark(f"start: /{regex}/")
+    return llguidance.grammar_from("grammar", params.grammar)
+
+
+def _schema(params: StructuredOutputsParams, schema):
+    """The schema as compiled: its objects closed unless the params allow other keys (closed_objects.py)."""
+    return closed(schema) if params.closes_objects else schema
 
 
 def _json_options(params: StructuredOutputsParams) -> dict:

@@ -28,6 +28,13 @@ class StructuredOutputsParams:
     whitespace: small models given free whitespace can emit newlines until ``max_tokens``.
     ``whitespace_pattern`` (a regex) allows other whitespace; ``disable_any_whitespace`` writes
     ``","`` and ``":"`` only.
+
+    ``disable_additional_properties`` (vLLM's name and meaning): an object schema that lists
+    ``properties`` and says nothing of ``additionalProperties`` allows no other keys (vLLM's default
+    backend, xgrammar, does so; tool schemas from LangChain, MCP servers and pydantic rarely say
+    ``additionalProperties: false``, and small models fill such objects with invented keys). None:
+    the default, which is True here (a server's ``--no-disable-additional-properties`` changes it for
+    its requests); False: such objects take any other keys, as JSON Schema itself says.
     """
 
     json: Union[str, dict, None] = None
@@ -38,6 +45,7 @@ class StructuredOutputsParams:
     structural_tag: Union[str, dict, None] = None
     disable_any_whitespace: bool = False
     whitespace_pattern: Optional[str] = None
+    disable_additional_properties: Optional[bool] = None  # None: True (see the class docstring)
     disable_fallback: bool = False  # accepted for vLLM compatibility: there is one backend, no fallback
 
     def __post_init__(self) -> None:
@@ -69,6 +77,8 @@ class StructuredOutputsParams:
             self.structural_tag = _structural_tag(self.structural_tag)
         if self.whitespace_pattern is not None and not isinstance(self.whitespace_pattern, str):
             raise InvalidGrammarError("whitespace_pattern must be a string")
+        if self.disable_additional_properties is not None and not isinstance(self.disable_additional_properties, bool):
+            raise InvalidGrammarError("disable_additional_properties must be a bool")
 
     @property
     def kind(self) -> str:
@@ -80,7 +90,12 @@ class StructuredOutputsParams:
         """Equal for requests that compile to the same grammar (the compiler's cache key)."""
         spec = self.json if self.kind == "json" else getattr(self, self.kind)
         text = json.dumps(spec, sort_keys=True) if isinstance(spec, (dict, list, bool)) else spec
-        return (self.kind, text, self.disable_any_whitespace, self.whitespace_pattern)
+        return (self.kind, text, self.disable_any_whitespace, self.whitespace_pattern, self.closes_objects)
+
+    @property
+    def closes_objects(self) -> bool:
+        """Whether objects that list ``properties`` allow no other keys (``disable_additional_properties``)."""
+        return self.disable_additional_properties is not False
 
 
 def _structural_tag(spec: Union[str, dict]) -> dict:

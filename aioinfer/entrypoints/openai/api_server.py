@@ -58,7 +58,8 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
     app.asgi_app = RootPath(app.asgi_app, config.root_path)  # with or without the proxy's prefix (root_path.py)
     app.extensions[STATE_KEY] = state
     started = int(time.time())
-    expected_auth = f"Bearer {config.api_key}".encode() if config.api_key else None
+    # vLLM's --api-key takes several keys: any of them opens the API
+    expected_auth = [f"Bearer {key}".encode() for key in config.api_keys()]
 
     @app.before_serving
     async def _start() -> None:
@@ -86,10 +87,11 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
 
     @app.before_request
     async def _authenticate():
-        if expected_auth is None or request.path in OPEN_PATHS:
+        if not expected_auth or request.path in OPEN_PATHS:
             return None
         given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, expected_auth):
+        # every key compared, so that the time taken does not tell which one was close
+        if not sum(hmac.compare_digest(given, expected) for expected in expected_auth):
             raise unauthorized()
         return None
 
@@ -151,11 +153,13 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
     @app.get("/v1/models")
     async def models():
         engine = state.engine
-        card = {"id": state.served_model_name, "object": "model", "created": started, "owned_by": "aioinfer",
-                "root": config.model or (engine.model_name if engine is not None else None), "parent": None}
+        root = config.model or (engine.model_name if engine is not None else None)
+        cards = [{"id": name, "object": "model", "created": started, "owned_by": "aioinfer", "root": root,
+                  "parent": None} for name in state.served_model_names()]  # one per served name, as vLLM's
         if engine is not None and engine.is_ready:
-            card["max_model_len"] = engine.max_model_len
-        return json_response({"object": "list", "data": [card]})
+            for card in cards:
+                card["max_model_len"] = engine.max_model_len
+        return json_response({"object": "list", "data": cards})
 
     @app.post("/tokenize")
     async def tokenize_route():

@@ -85,6 +85,17 @@ def _top(entries: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]]:
     return [(tid, lp) for tid, lp in ranked if lp.rank <= top_n]
 
 
+def _chosen_first(token_id: int, entries: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]]:
+    """vLLM's order of a position's top logprobs: the chosen token, then the top-N best first without it.
+
+    vLLM's engine builds each position's dict with the sampled token first and its OpenAI routes keep
+    that order (its tests read the chosen token at [0]); aioinfer's entries carry ranks instead, so
+    the order is made here. Which entries each format keeps is its own rule (the callers')."""
+    sampled = entries.get(token_id)
+    ranked = [(tid, lp) for tid, lp in _top(entries, top_n) if tid != token_id]
+    return ranked if sampled is None else [(token_id, sampled), *ranked]
+
+
 class CompletionLogprobs:
     """Completions format: parallel lists plus ``text_offset`` (character offsets in the choice's text)."""
 
@@ -113,10 +124,10 @@ class CompletionLogprobs:
             text = _token_str(token_id, sampled, self.as_token_ids)
             tokens.append(text)
             token_logprobs.append(_value(sampled.logprob) if sampled is not None else None)
-            # vLLM's shape: the top-N plus the sampled token, keyed by token text.
-            top = {_token_str(tid, lp, self.as_token_ids): _value(lp.logprob) for tid, lp in _top(entry, self.top_n)}
-            if sampled is not None:
-                top.setdefault(text, _value(sampled.logprob))
+            # vLLM's shape: the sampled token first, then the top-N (N + 1 entries when the sampled
+            # token is not among them, as OpenAI's legacy API), keyed by token text.
+            top = {_token_str(tid, lp, self.as_token_ids): _value(lp.logprob)
+                   for tid, lp in _chosen_first(token_id, entry, self.top_n)}
             top_logprobs.append(_encoded(top, len(top)))
             offsets.append(self.offset)
             self.offset += len(text)
@@ -144,14 +155,19 @@ def merge_completion_logprobs(parts: list[dict]) -> Optional[dict]:
 def chat_logprobs(token_ids: list[int], entries: Optional[list[dict[int, Logprob]]], top_n: int,
                   as_token_ids: bool = False) -> dict:
     """Chat format: ``{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}``;
-    ``as_token_ids``: vLLM's return_tokens_as_token_ids (every token "token_id:<id>")."""
+    ``as_token_ids``: vLLM's return_tokens_as_token_ids (every token "token_id:<id>").
+
+    ``top_logprobs`` as vLLM's: N entries (-1: all), the chosen token first, then the most likely
+    others; a chosen token outside the top N takes the place of the N-th (vLLM's rule, kept so that
+    a client reads the same list from either server)."""
     content = []
     for token_id, entry in zip(token_ids, entries or []):
         sampled = entry.get(token_id)
         text = _token_str(token_id, sampled, as_token_ids)
+        chosen = _chosen_first(token_id, entry, top_n)
         top = [{"token": _token_str(tid, lp, as_token_ids), "logprob": _value(lp.logprob),
                 "bytes": list(_token_str(tid, lp, as_token_ids).encode("utf-8"))}
-               for tid, lp in _top(entry, top_n)]
+               for tid, lp in (chosen if top_n < 0 else chosen[:top_n])]
         content.append({
             "token": text,
             "logprob": _value(sampled.logprob) if sampled is not None else _FLOOR,

@@ -20,7 +20,7 @@ from typing_extensions import TypedDict  # pydantic needs this one below Python 
 
 from aioinfer.entrypoints.chat_content import check_part, content_text
 from aioinfer.entrypoints.openai.structured import StructuredFields
-from aioinfer.entrypoints.openai.tool_calls import ToolCall, ToolFields
+from aioinfer.entrypoints.openai.tool_calls import ChatTool, ToolCall, ToolFields
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -217,19 +217,13 @@ class ChatMessage(_Strict):
         return message
 
 
-class ChatCompletionRequest(_SamplingFields, ToolFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Optional[int] = Field(default=None, ge=1)  # deprecated alias of max_completion_tokens
-    max_completion_tokens: Optional[int] = Field(default=None, ge=1)  # None: the rest of the context
-    logprobs: Annotated[bool, BeforeValidator(_json_bool_string)] = False
-    top_logprobs: Optional[int] = Field(default=None, ge=-1)  # -1: the whole vocabulary (vLLM)
+class _TemplateFields(BaseModel):
+    """How the messages are rendered (vLLM's fields): mixed into the chat body and /tokenize's."""
+
     add_generation_prompt: bool = True
     # vLLM: the last (assistant) message left open, so the reply continues it
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None  # vLLM: extra variables for the chat template
-    # vLLM: the reply starts with the last message's text when that message is the assistant's (with
-    # continue_final_message: the whole message, not only its continuation)
-    echo: bool = False
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -239,11 +233,6 @@ class ChatCompletionRequest(_SamplingFields, ToolFields):
             raise ValueError(f"{reserved} are set by the request itself, not through chat_template_kwargs")
         return value
 
-    def echoed_text(self) -> str:
-        """What ``echo`` puts before the reply: the last message's text if it is the assistant's."""
-        last = self.messages[-1]
-        return last.text() if self.echo and last.role == "assistant" else ""
-
     def template_options(self) -> dict[str, Any]:
         """What the chat template is rendered with besides the messages and tools."""
         if self.continue_final_message and self.add_generation_prompt:
@@ -252,19 +241,39 @@ class ChatCompletionRequest(_SamplingFields, ToolFields):
                 "continue_final_message": self.continue_final_message}
 
 
+class ChatCompletionRequest(_SamplingFields, ToolFields, _TemplateFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(default=None, ge=1)  # deprecated alias of max_completion_tokens
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)  # None: the rest of the context
+    logprobs: Annotated[bool, BeforeValidator(_json_bool_string)] = False
+    top_logprobs: Optional[int] = Field(default=None, ge=-1)  # -1: the whole vocabulary (vLLM)
+    # vLLM: the reply starts with the last message's text when that message is the assistant's (with
+    # continue_final_message: the whole message, not only its continuation)
+    echo: bool = False
+
+    def echoed_text(self) -> str:
+        """What ``echo`` puts before the reply: the last message's text if it is the assistant's."""
+        last = self.messages[-1]
+        return last.text() if self.echo and last.role == "assistant" else ""
+
+
 # Arguments of the tokenizer's apply_chat_template that the request sets in its own fields.
 RESERVED_TEMPLATE_KWARGS = frozenset({"conversation", "messages", "tools", "tokenize", "chat_template",
                                       "add_generation_prompt", "continue_final_message", "return_dict"})
 
 
-class TokenizeRequest(_Strict):
-    """vLLM's /tokenize: either ``prompt`` (completion style) or ``messages`` (chat template)."""
+class TokenizeRequest(_Strict, _TemplateFields):
+    """vLLM's /tokenize: either ``prompt`` (completion style) or ``messages`` (chat template). With
+    messages, the prompt a chat completion of the same fields would get: the template rendered with
+    ``tools``, ``chat_template_kwargs``, ``add_generation_prompt`` or ``continue_final_message``."""
 
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[list[ChatMessage]] = None
-    add_special_tokens: Optional[bool] = None  # default: True for prompt, False for messages
-    add_generation_prompt: bool = True
+    # default: True for prompt; False for messages, whose template adds its own (True adds the
+    # tokenizer's on top of them, as vLLM's does)
+    add_special_tokens: Optional[bool] = None
+    tools: Optional[list[ChatTool]] = None  # rendered as a chat request's are
     return_token_strs: bool = False
 
 

@@ -91,12 +91,18 @@ class ServerState:
 
     @property
     def served_model_name(self) -> str:
-        if self.config.served_model_name:
-            return self.config.served_model_name
+        """The name responses carry: --served-model-name's first (vLLM's rule), else the model's."""
+        names = self.config.served_model_names()
+        if names:
+            return names[0]
         return self.engine.model_name if self.engine is not None else "unknown"
 
+    def served_model_names(self) -> list[str]:
+        """The names /v1/models lists: every --served-model-name, or the model's own."""
+        return list(self.config.served_model_names()) or [self.served_model_name]
+
     def model_aliases(self) -> set[str]:
-        names = {self.served_model_name}
+        names = set(self.served_model_names())
         if self.engine is not None:
             names.add(self.engine.model_name)
         if self.config.model:

@@ -13,7 +13,7 @@ from aioinfer.entrypoints.openai.logprobs import chat_logprobs, check_logprobs_b
 from aioinfer.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from aioinfer.entrypoints.openai.sampling import chat_params, check_logprobs_cap, choice_params
 from aioinfer.entrypoints.openai.server_state import ServerState
-from aioinfer.entrypoints.openai.structured import structured_outputs_of
+from aioinfer.entrypoints.openai.structured import structured_outputs_of, with_server_defaults
 from aioinfer.entrypoints.chat_tools import render_with_tools
 from aioinfer.entrypoints.openai.tool_call_parser import ToolCallParser
 from aioinfer.entrypoints.openai.tool_calls import ToolPlan, tool_plan
@@ -39,6 +39,7 @@ async def create_chat_completion(state: ServerState, body: bytes, client_id: Opt
     engine = engine_for(state, req)
     plan = tool_plan(req, enforce_strict=state.config.enforce_strict_tools and structured_outputs_of(req) is None)
     base = chat_params(req, state.model_defaults(), tool_constraint=plan.constraint if plan else None)
+    with_server_defaults(base, state.config.disable_additional_properties)
     check_logprobs_cap(base, engine, sample_param="top_logprobs")
     try:
         options = req.template_options()
@@ -60,8 +61,9 @@ async def create_chat_completion(state: ServerState, body: bytes, client_id: Opt
 
 def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prompt: bool = True,
                         tools: Optional[list[dict]] = None, chat_template: Optional[str] = None,
-                        **template_kwargs) -> list[int]:
-    """The offline ``LLM.chat`` recipe: render the template, then tokenize without adding special tokens.
+                        add_special_tokens: bool = False, **template_kwargs) -> list[int]:
+    """The offline ``LLM.chat`` recipe: render the template, then tokenize without adding special tokens
+    (``add_special_tokens``: the tokenizer's on top of the template's, vLLM's option on /tokenize).
     ``tools`` go through the template; one that ignores them gets them as a system message (chat_tools.py).
     ``chat_template``: the server's --chat-template, instead of the tokenizer's."""
     tokenizer = engine.tokenizer
@@ -74,7 +76,7 @@ def apply_chat_template(engine, messages: list[ChatMessage], add_generation_prom
                                  chat_template=chat_template, **template_kwargs)
     except Exception as exc:  # noqa: BLE001 - jinja errors ("roles must alternate") are the user's input
         raise bad_request(f"the chat template rejected the messages: {exc}", param="messages") from None
-    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    ids = list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
     if not ids:
         raise bad_request("the rendered conversation is empty", param="messages")
     return ids
@@ -132,20 +134,21 @@ class _Job:
                 "logprobs": {"content": r.logprob_parts} if self.req.logprobs else None,
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason_json(r.stop_reason),
-                **({"token_ids": r.token_ids} if self.return_token_ids else {}),
+                "token_ids": r.token_ids if self.return_token_ids else None,
             })
-        response = {**self._envelope("chat.completion", choices), "usage": self._usage()}
-        if self.req.prompt_logprobs is not None:  # vLLM's: on the response, the prompt being the choices'
-            response["prompt_logprobs"] = prompt_logprobs_json(self.prompt_logprobs)
-        if self.return_token_ids:
-            response["prompt_token_ids"] = self.prompt_ids
-        return response
+        # vLLM's fields, null unless asked for (as vLLM's response has them: its tests read them);
+        # prompt_logprobs on the response, the prompt being every choice's
+        return {**self._envelope("chat.completion", choices), "usage": self._usage(),
+                "prompt_logprobs": prompt_logprobs_json(self.prompt_logprobs),
+                "prompt_token_ids": self.prompt_ids if self.return_token_ids else None}
 
     def _message(self, result) -> tuple[dict, Optional[str]]:
         """A finished choice's message and finish_reason (tool calls parsed out of its text)."""
         if self.plan is None:
             return {"role": "assistant", "content": self.echo + result.text}, result.finish_reason
         content, calls = self.plan.parse(result.text)
+        if content is None and self.plan.mode in ("named", "required"):
+            content = ""  # vLLM's for a constrained choice's message (its tests take len() of it)
         if self.echo:
             content = self.echo + (content or "")
         if not calls:

@@ -112,9 +112,12 @@ def new_request_id(prefix: str, client_id: Optional[str]) -> str:
 
 def stream_usage(stream_options, force: bool) -> tuple[bool, bool]:
     """(a usage chunk ends the stream, every chunk carries usage): ``stream_options`` as the client
-    sent them; ``force``: ``--enable-force-include-usage`` (vLLM's), usage even when not asked for."""
-    include = force or (stream_options is not None and stream_options.include_usage)
-    return include, include and stream_options is not None and stream_options.continuous_usage_stats
+    sent them; ``force``: ``--enable-force-include-usage``, which in vLLM means both, whatever the
+    request says (vLLM's should_include_usage: usage on every chunk, and the final usage chunk)."""
+    if force:
+        return True, True
+    include = stream_options is not None and stream_options.include_usage
+    return include, include and stream_options.continuous_usage_stats
 
 
 def tokens_as_ids(req, state) -> bool:

@@ -18,6 +18,7 @@ from aioinfer.entrypoints.openai.logprobs import (
 from aioinfer.entrypoints.openai.protocol import CompletionRequest
 from aioinfer.entrypoints.openai.sampling import check_logprobs_cap, choice_params, completion_params
 from aioinfer.entrypoints.openai.server_state import ServerState
+from aioinfer.entrypoints.openai.structured import with_server_defaults
 from aioinfer.entrypoints.openai.serving_common import (
     ChoiceResult,
     admit_and_respond,
@@ -40,6 +41,7 @@ async def create_completion(state: ServerState, body: bytes, client_id: Optional
     prompts = [req.prompt] if isinstance(req.prompt, str) or isinstance(req.prompt[0], int) else req.prompt
     engine = engine_for(state, req, len(prompts))
     base = completion_params(req, state.model_defaults())
+    with_server_defaults(base, state.config.disable_additional_properties)
     check_logprobs_cap(base, engine)
     prompt_ids = [_tokenize(engine, p, req.add_special_tokens) for p in prompts]
     # echo + logprobs asks for the prompt's logprobs through logprobs (sampling.completion_params)
@@ -152,10 +154,12 @@ class _Job:
                 "logprobs": merge_completion_logprobs(r.logprob_parts),
                 "finish_reason": r.finish_reason,
                 "stop_reason": stop_reason_json(r.stop_reason),
+                # vLLM's fields, null unless asked for (as vLLM's choice has them: its tests read them)
+                "prompt_logprobs": (prompt_logprobs_json(self.prompt_logprobs.get(index))
+                                    if self.wants_prompt_logprobs else None),
+                "prompt_token_ids": None, "token_ids": None,
                 **self._token_id_fields(r, r.token_ids, with_prompt=True),
             })
-            if self.wants_prompt_logprobs:
-                choices[-1]["prompt_logprobs"] = prompt_logprobs_json(self.prompt_logprobs.get(index))
         return {**self._envelope(choices), "usage": self._usage()}
 
     def _text_template(self, index: int, include_usage: bool) -> EventTemplate:

@@ -40,7 +40,7 @@ from aioinfer.entrypoints.openai.serving_common import (
     tokens_as_ids,
     usage,
 )
-from aioinfer.entrypoints.openai.structured import structured_outputs_of
+from aioinfer.entrypoints.openai.structured import structured_outputs_of, with_server_defaults
 from aioinfer.entrypoints.openai.tool_calls import ToolPlan, tool_plan
 from aioinfer.sampling_params import SamplingParams
 
@@ -58,6 +58,7 @@ async def create_response(state: ServerState, body: bytes, client_id: Optional[s
             raise bad_request("a required or named tool_choice constrains the output already; drop text.format",
                               param="tool_choice")
         params = chat_params(chat, state.model_defaults(), tool_constraint=plan.constraint if plan else None)
+        with_server_defaults(params, state.config.disable_additional_properties)
         check_logprobs_cap(params, engine, sample_param="top_logprobs")
         prompt_ids = apply_chat_template(engine, chat.messages, tools=plan.tools if plan else None,
                                          chat_template=state.chat_template, **chat.template_options())

@@ -18,10 +18,15 @@ def tokenize(state: ServerState, body: bytes) -> dict:
     if engine.tokenizer is None:
         raise bad_request("this model has no tokenizer", param="prompt")
     if req.messages is not None:
-        if req.add_special_tokens:
-            raise bad_request("add_special_tokens is not supported with messages (the template has them)",
-                              param="add_special_tokens")
-        ids = apply_chat_template(engine, req.messages, req.add_generation_prompt, chat_template=state.chat_template)
+        try:
+            options = req.template_options()
+        except ValueError as exc:
+            raise bad_request(str(exc), param="continue_final_message") from None
+        # the prompt a chat completion with these fields gets (its tools rendered the same way), plus
+        # the tokenizer's special tokens if asked (vLLM's add_special_tokens, off for messages)
+        tools = [tool.model_dump(exclude_none=True) for tool in req.tools] if req.tools else None
+        ids = apply_chat_template(engine, req.messages, tools=tools, chat_template=state.chat_template,
+                                  add_special_tokens=bool(req.add_special_tokens), **options)
     else:
         add_special = True if req.add_special_tokens is None else req.add_special_tokens
         ids = list(engine.tokenizer.encode(req.prompt, add_special_tokens=add_special))

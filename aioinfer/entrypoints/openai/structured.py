@@ -7,6 +7,10 @@ vLLM's ``structured_outputs`` object (``json``, ``regex``, ``choice``, ``grammar
 ``structural_tag``, ...) and its older ``guided_json`` / ``guided_regex`` / ``guided_choice`` /
 ``guided_grammar`` / ``structural_tag`` fields. A request may use one of these ways; two are a 400, as is a schema or grammar that does not
 compile (named by the field that carried it).
+
+``structured_outputs.disable_additional_properties`` (vLLM's): false lets objects that list their
+keys take others too; left out, the server's setting applies (``with_server_defaults``: on unless
+``--no-disable-additional-properties``), to tool_choice's constraints as well.
 """
 
 from __future__ import annotations
@@ -89,3 +93,12 @@ def structured_outputs_of(req: StructuredFields) -> Optional[StructuredOutputsPa
         raise bad_request(f"structured_outputs: {exc}", param=name) from None
     except InvalidGrammarError as exc:
         raise bad_request(str(exc), param=name) from None
+
+
+def with_server_defaults(params, disable_additional_properties: bool):
+    """``params`` (SamplingParams) with the server's default for what its request left out:
+    ``disable_additional_properties`` (ServerConfig's, ``--[no-]disable-additional-properties``)."""
+    constraint = params.structured_outputs
+    if constraint is not None and constraint.disable_additional_properties is None:
+        constraint.disable_additional_properties = disable_additional_properties
+    return params

@@ -17,8 +17,18 @@ the same choice not streamed say the same (the non-stream route feeds the whole 
 - a named function: the text is the call's arguments; its id and name go first, then the arguments
   as they are written.
 - "required": the text is a JSON list of ``{"name", "parameters"}``; each call is sent once its
-  object is complete. A list cut by ``max_tokens`` keeps its complete calls; with none, the text is
-  content.
+  object is complete. A list cut by ``max_tokens`` keeps its complete calls, and the call it was
+  writing when its name is complete, with the arguments written so far (as OpenAI answers a named
+  choice cut so: ``finish_reason: "length"``, the partial call; a client's parser reports it as an
+  invalid call). The text is never content: what a client would take for an answer there is the
+  list's JSON (vLLM's tests expect ``content`` empty, tool_calls absent, when not even a name was
+  written).
+
+Calls without tags are also Llama 3.x's JSON format (vLLM's ``llama3_json``): a reply that is,
+after an optional ``<|python_tag|>``, one or more ``{"name": ..., "parameters": {...}}`` objects
+separated by ``;`` or whitespace. The whole reply, as for the other bare forms: JSON inside prose
+stays prose (vLLM's parser takes an envelope out of prose too; here a streamed reply and the same
+reply whole must agree, and prose before it has been sent as content by then).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import uuid
 from typing import Optional
 
 TAG, END_TAG = "<tool_call>", "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"  # Llama 3.x's, before a call (a special token: in the text unless skipped)
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
@@ -69,11 +80,7 @@ class ToolCallParser:
             items = self._named_fragment(final=True)
             return "", items
         if self.mode == "required":
-            items = self._complete_items()
-            if not self.calls:
-                self.content = self.text
-                return self.text, items
-            return "", items
+            return "", self._complete_items() + self._add(self._partial_call())
         return self._auto_finish()
 
     # ----------------------------------------------------------------------------- auto
@@ -129,13 +136,14 @@ class ToolCallParser:
         return (content or "")[len(sent):], items
 
     def _calls_in(self, text: str) -> list[dict]:
-        """The calls a JSON text holds: ``{"name", "arguments" | "parameters"}`` or a list of them; [] if none."""
-        try:
-            value = json.loads(text)
-        except ValueError:
+        """The calls a JSON text holds: ``{"name", "arguments" | "parameters"}`` objects, lists of them,
+        several separated by ``;`` or whitespace (Llama 3.x), after an optional ``<|python_tag|>``;
+        [] if it is anything else."""
+        values = _json_values(text.removeprefix(PYTHON_TAG))
+        if not values:
             return []
         calls = []
-        for item in value if isinstance(value, list) else [value]:
+        for item in (item for value in values for item in (value if isinstance(value, list) else [value])):
             if not isinstance(item, dict) or item.get("name") not in self.names:
                 return []  # not a call after all: it stays content
             arguments = item.get("arguments", item.get("parameters", {}))
@@ -190,6 +198,24 @@ class ToolCallParser:
             calls.append(new_call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)))
         return self._add(calls)
 
+    def _partial_call(self) -> list[dict]:
+        """The call the list was cut in (``max_tokens``), once its name is complete: its arguments as
+        far as they were written ("" before they began)."""
+        scan = self._scan
+        if scan.done or scan.depth == 0 or (self.max_calls is not None and len(self.calls) >= self.max_calls):
+            return []
+        match = _PARTIAL_NAME.match(self.text, scan.item_start)
+        if match is None:
+            return []
+        try:
+            name = json.loads(match.group(1))
+        except ValueError:
+            return []
+        if name not in self.names:
+            return []
+        arguments = _ARGUMENTS_KEY.match(self.text, match.end())
+        return [new_call(name, self.text[arguments.end():].rstrip() if arguments else "")]
+
 
 class _ListScan:
     """Finds the complete objects of a JSON list as its text grows, reading each character once."""
@@ -238,12 +264,37 @@ class _ListScan:
         return found
 
 
+# A "required" list's object up to its name, and from there to where its arguments begin (the
+# grammar writes the keys in this order).
+_PARTIAL_NAME = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")')
+_ARGUMENTS_KEY = re.compile(r'\s*,\s*"parameters"\s*:\s*')
+_SEPARATOR = re.compile(r"[\s;]*")
+
+
+def _json_values(text: str) -> list:
+    """The JSON values ``text`` is made of, separated by ``;`` or whitespace; [] if it is not only that."""
+    values, decoder, end = [], json.JSONDecoder(), len(text)
+    position = _SEPARATOR.match(text).end()
+    while position < end:
+        try:
+            value, position = decoder.raw_decode(text, position)
+        except (ValueError, RecursionError):  # nested past Python's parser: not a call either
+            return []
+        values.append(value)
+        position = _SEPARATOR.match(text, position).end()
+    return values
+
+
 def _could_be_bare_call(head: str) -> bool:
     """Whether a reply beginning with ``head`` (from its first non-whitespace character) could still
     be a call's JSON without tags: it starts with ``{`` or ``[``, or with a markdown fence (plain or
-    ``json``) whose first character is one."""
+    ``json``) whose first character is one, or with Llama 3.x's ``<|python_tag|>``."""
     if not head or head[0] in "{[":
         return True
+    if head[0] == "<":
+        if len(head) <= len(PYTHON_TAG):
+            return PYTHON_TAG.startswith(head)
+        return head.startswith(PYTHON_TAG) and _could_be_bare_call(head[len(PYTHON_TAG):].lstrip())
     if len(head) < 3:
         return "```".startswith(head)
     if not head.startswith("```"):

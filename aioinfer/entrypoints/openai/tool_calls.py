@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 from aioinfer.entrypoints.openai.errors import bad_request
 from aioinfer.entrypoints.openai.tool_call_parser import ToolCallParser
 from aioinfer.structured_output import StructuredOutputsParams
+from aioinfer.structured_output.closed_objects import copy_json
 
 
 class FunctionDefinition(BaseModel):
@@ -190,16 +191,63 @@ def tool_plan(req, enforce_strict: bool = False) -> Optional[ToolPlan]:
         by_name = {name: function for name, function in by_name.items() if name in allowed}
         choice = choice.allowed_tools.mode
     if choice == "required":
-        options = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
-                    "properties": {"name": {"const": name}, "parameters": function.parameters or _NO_ARGUMENTS}}
-                   for name, function in by_name.items()]
-        schema = {"type": "array", "minItems": 1, "items": {"anyOf": options}}
-        if req.parallel_tool_calls is False:
-            schema["maxItems"] = 1
+        schema = required_calls_schema(by_name, single=req.parallel_tool_calls is False)
         return ToolPlan("required", tools, set(by_name), StructuredOutputsParams(json=schema))
     mode = choice or "auto"
     constraint = strict_calls(by_name) if enforce_strict and mode == "auto" else None
     return ToolPlan(mode, tools, set(by_name), constraint, single=req.parallel_tool_calls is False)
+
+
+def required_calls_schema(by_name: dict[str, FunctionDefinition], single: bool = False) -> dict:
+    """``tool_choice: "required"``: a list of ``{"name", "parameters"}`` objects, each one function's
+    name and arguments by its schema (one object when ``single``, ``parallel_tool_calls: false``).
+
+    Each function's schema sits inside the list's schema, at ``#/items/anyOf/<i>/properties/parameters``,
+    so its local references (``#/$defs/A``, pydantic's for every nested model; ``#`` for a recursive
+    one) are rebased there: left as they are, they would point into the list's schema ("Pointer
+    '/$defs/A' does not exist"). vLLM moves every function's ``$defs`` to the root instead, and refuses
+    two functions whose definitions share a name but differ; rebased in place, they never meet."""
+    options = []
+    for i, (name, function) in enumerate(by_name.items()):
+        parameters = function.parameters or _NO_ARGUMENTS
+        base = f"#/items/anyOf/{i}/properties/parameters"
+        options.append({"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
+                        "properties": {"name": {"const": name}, "parameters": _rebased(parameters, base)}})
+    schema = {"type": "array", "minItems": 1, "items": {"anyOf": options}}
+    if single:
+        schema["maxItems"] = 1
+    return schema
+
+
+# Keywords whose values are data, not schemas (a "$ref" key inside them is not a reference), and
+# keywords whose values map names to schemas.
+_DATA_KEYWORDS = ("const", "enum", "default", "examples")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def _rebased(schema: dict, base: str) -> dict:
+    """A copy of ``schema`` whose local references (``#``, ``#/...``) point to the same places once
+    the schema sits at ``base`` in a larger one. Its own ``$id`` is dropped: it would make them
+    resolve against the schema itself again. Iterative: nesting is bounded later (limits.py), not here."""
+    copied = copy_json(schema)
+    copied.pop("$id", None)
+    stack: list = [copied]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        ref = node.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            node["$ref"] = base + ref[1:]
+        for key, value in node.items():
+            if key in _SCHEMA_MAPS and isinstance(value, dict):
+                stack.extend(value.values())  # named schemas: a property may be called "const"
+            elif key not in _DATA_KEYWORDS:
+                stack.append(value)
+    return copied
 
 
 # The hermes call as Qwen2.5's chat template teaches it, up to where the arguments begin.

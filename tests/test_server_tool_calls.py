@@ -50,8 +50,9 @@ def _calls(smollm2_client, stream: bool, **args) -> tuple[list[dict], str, objec
 @pytest.mark.parametrize("stream", [False, True])
 def test_named_and_required_calls_always_parse(smollm2_client, stream):
     calls, finish, content = _calls(smollm2_client, stream, tool_choice={"type": "function", "function": {"name": "get_time"}})
-    # content: "" beside a constrained choice's calls, as vLLM's (streamed: no content deltas)
-    assert finish == "tool_calls" and content == (None if stream else "") and len(calls) == 1
+    # content: "" beside a constrained choice's calls, as vLLM's (streamed: no content deltas); a named
+    # function's choice ends "stop" (OpenAI's API, vLLM's), "required" ends "tool_calls"
+    assert finish == "stop" and content == (None if stream else "") and len(calls) == 1
     assert calls[0]["function"]["name"] == "get_time" and calls[0]["id"].startswith("call_")
     jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), TIME)
     calls, finish, _ = _calls(smollm2_client, stream, tool_choice="required", parallel_tool_calls=False)

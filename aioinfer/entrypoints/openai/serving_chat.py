@@ -153,7 +153,7 @@ class _Job:
             content = self.echo + (content or "")
         if not calls:
             return {"role": "assistant", "content": content}, result.finish_reason
-        finish = "tool_calls" if result.finish_reason == "stop" else result.finish_reason
+        finish = _call_finish(self.plan.mode, result.finish_reason)
         return {"role": "assistant", "content": content, "tool_calls": calls}, finish
 
     def _text_chunk(self, kind: str, index: int, include_usage: bool) -> dict:
@@ -171,7 +171,7 @@ class _Job:
         if not delta.finished:
             return content, calls, None
         rest, more = parser.finish()
-        finish_reason = "tool_calls" if parser.calls and delta.finish_reason == "stop" else delta.finish_reason
+        finish_reason = _call_finish(parser.mode, delta.finish_reason) if parser.calls else delta.finish_reason
         return content + rest, calls + more, finish_reason
 
     async def stream(self, streams: ChoiceStreams) -> AsyncIterator[bytes]:
@@ -234,3 +234,9 @@ class _Job:
         finally:
             await streams.close()  # also when the client left before the first chunk
         yield DONE
+
+
+def _call_finish(mode: str, finish_reason: Optional[str]) -> Optional[str]:
+    """A choice that called tools and ended by itself: "tool_calls", except for a named function,
+    whose choice ends "stop" as on OpenAI's API (and vLLM's, streamed or not); cut or failed: as is."""
+    return "tool_calls" if finish_reason == "stop" and mode != "named" else finish_reason

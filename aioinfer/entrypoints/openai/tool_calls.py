@@ -19,7 +19,8 @@
   called: "required" constrains the output to calls of those, "auto" parses only calls to those (a
   call to another stays text, as a call to an unknown function does).
 
-A call ends the choice with ``finish_reason: "tool_calls"``. Streaming sends content as it is
+A call ends the choice with ``finish_reason: "tool_calls"`` ("stop" for a named function, as OpenAI's
+API and vLLM do). Streaming sends content as it is
 written and each call as ``delta.tool_calls`` once it is certain (tool_call_parser.py: a half-written
 ``<tool_call>`` never reaches the client as content).
 A template that ignores ``tools`` (SmolLM2's GGUF one) gets them as a system message in the hermes

@@ -165,8 +165,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: str = "auto"  # auto: cuda when available, else cpu; or cpu, cuda, cuda:N
-    # CPU only: torch intra-op threads for this process, set when the model loads (None: torch's count,
-    # capped at the CPUs this process may run on; engine/model_setup.py apply_cpu_threads says why).
+    # CPU only: torch intra-op threads for this process, set when the model loads (None: one, unless
+    # OMP_NUM_THREADS is set; engine/model_setup.py apply_cpu_threads says why).
     # Here, not in ModelConfig: like `device`, it says how this process computes, not what the model is.
     cpu_threads: Optional[int] = None
     attention_backend: str = "auto"

@@ -27,20 +27,29 @@ def _dist(d: Dist) -> str:
 
 
 def format_table(levels: Sequence[LevelSummary]) -> str:
-    """One row per level; latencies in ms as p50/p90/p99 (means are in the JSON)."""
-    header = ["level", "ok", "err", "429", "req/s", "out tok/s", "goodput",
+    """One row per level; latencies in ms as p50/p90/p99 (means are in the JSON).
+
+    Every request sent is in a count column (sent = ok + err + 429 + cancel), and a level with any
+    request that did not end ok gets a line under the table naming each kind: a run whose latencies
+    look fine must not hide the requests that never finished.
+    """
+    header = ["level", "sent", "ok", "err", "429", "cancel", "req/s", "out tok/s", "goodput",
               "TTFT ms p50/90/99", "TPOT ms p50/90/99", "ITL ms p50/90/99", "E2E ms p50/90/99"]
     rows = []
     for s in levels:
         good = "-" if s.goodput is None else f"{s.goodput:.2f} ({100 * (s.goodput_fraction or 0):.0f}%)"
-        rows.append([s.name + (" (interrupted)" if s.interrupted else ""), str(s.num_ok),
-                     str(s.num_errors), str(s.num_429), f"{s.request_throughput:.2f}",
+        rows.append([s.name + (" (interrupted)" if s.interrupted else ""), str(s.num_sent), str(s.num_ok),
+                     str(s.num_errors), str(s.num_429), str(s.num_cancelled), f"{s.request_throughput:.2f}",
                      f"{s.output_throughput:.1f}", good, _dist(s.ttft), _dist(s.tpot), _dist(s.itl),
                      _dist(s.e2e)])
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in [header] + rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    for s in levels:
+        if s.errors:  # cancelled, rate_limited, http_503, stream_error, exception ...
+            kinds = ", ".join(f"{kind} {n}" for kind, n in s.errors.items())
+            lines.append(f"{s.name}: {s.num_sent - s.num_ok} of {s.num_sent} not ok: {kinds}")
     return "\n".join(lines)
 
 

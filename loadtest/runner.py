@@ -207,6 +207,7 @@ class Runner:
         self.result.levels.append(LevelResult(summary, records))
         if self.verbose:
             _log(f"{name}: {summary.num_ok} ok, {summary.num_errors} errors, {summary.num_429} 429, "
+                 f"{summary.num_cancelled} cancelled, "
                  f"{summary.output_throughput:.1f} out tok/s in {summary.duration_s:.1f} s, "
                  f"client CPU {100 * summary.client_cpu:.0f}%")
             if summary.client_cpu > 0.8:

@@ -48,12 +48,37 @@ def test_apply_sets_the_asked_count_and_logs_it(restore_torch_threads, caplog):
     assert "CPU: 1 torch intra-op thread(s) (cpu_threads=1;" in caplog.text
 
 
-def test_unset_caps_at_the_usable_cpus_but_never_raises(restore_torch_threads, monkeypatch):
+def test_unset_is_one_thread_unless_omp_num_threads_says(restore_torch_threads, monkeypatch):
+    # one: the only count a busy machine never makes catastrophically slow (apply_cpu_threads says why)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     torch.set_num_threads(2)
-    monkeypatch.setattr(model_setup, "usable_cpus", lambda: 1)
-    assert model_setup.apply_cpu_threads(None) == 1  # more threads than CPUs: oversubscription, capped
+    assert model_setup.apply_cpu_threads(None) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's own choice: torch's count, which follows it, is kept
+    torch.set_num_threads(2)
     monkeypatch.setattr(model_setup, "usable_cpus", lambda: 8)
-    assert model_setup.apply_cpu_threads(None) == 1  # fewer than the CPUs: someone's choice, kept
+    assert model_setup.apply_cpu_threads(None) == 2
+    monkeypatch.setattr(model_setup, "usable_cpus", lambda: 1)
+    assert model_setup.apply_cpu_threads(None) == 1  # but never more than the CPUs: capped
+
+
+@pytest.mark.parametrize("threads, advice", [(2, "set AIOINFER_CPU_THREADS=1"), (1, "slower than on an idle")])
+def test_a_busy_machine_is_warned_of_once(restore_torch_threads, monkeypatch, caplog, threads, advice):
+    monkeypatch.setattr(model_setup, "_warned_busy", False)
+    monkeypatch.setattr(model_setup, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(model_setup, "machine_load", lambda: 0.5)
+    with caplog.at_level(logging.WARNING, logger="aioinfer.engine.model_setup"):
+        model_setup.apply_cpu_threads(1)  # 0.5 + 1 thread fit 2 CPUs: no warning
+        assert "oversubscribed" not in caplog.text
+        monkeypatch.setattr(model_setup, "machine_load", lambda: 1.5)
+        model_setup.apply_cpu_threads(threads)
+        model_setup.apply_cpu_threads(threads)
+    warnings = [r.getMessage() for r in caplog.records if "oversubscribed" in r.getMessage()]
+    assert len(warnings) == 1 and "load average 1.5" in warnings[0] and advice in warnings[0], warnings
+
+
+def test_machine_load_leaves_out_this_process():
+    load = model_setup.machine_load()
+    assert load is None or 0 <= load <= os.getloadavg()[0]
 
 
 def test_usable_cpus_follows_the_affinity_mask():
@@ -80,10 +105,10 @@ def test_a_server_with_cpu_threads_1_runs_one_torch_thread(model_dir, tmp_path):
     assert "CPU: 1 torch intra-op thread(s) (cpu_threads=1;" in output, output
 
 
-@pytest.mark.parametrize("args, env, fragment", [
-    (["--cpu-threads", "0"], {}, "cpu_threads must be a positive integer or None, got 0"),
-    (["--cpu-threads", "-2"], {}, "cpu_threads must be a positive integer or None, got -2"),
-    ([], {"AIOINFER_CPU_THREADS": "0"}, "cpu_threads must be a positive integer or None, got 0"),
+@pytest.mark.parametrize("args, env, fragment", [  # the message names the flag or variable given
+    (["--cpu-threads", "0"], {}, "--cpu-threads must be a positive integer or None, got 0"),
+    (["--cpu-threads", "-2"], {}, "--cpu-threads must be a positive integer or None, got -2"),
+    ([], {"AIOINFER_CPU_THREADS": "0"}, "AIOINFER_CPU_THREADS must be a positive integer or None, got 0"),
     ([], {"AIOINFER_CPU_THREADS": "two"}, "AIOINFER_CPU_THREADS must be int, got 'two'"),
     (["--cpu-threads", "two"], {}, "argument --cpu-threads: invalid int value: 'two'"),
 ])
@@ -97,7 +122,7 @@ def test_serve_rejects_bad_values_with_one_line(model_dir, args, env, fragment):
     assert result.stderr.splitlines()[-1] == f"aioinfer serve: error: {fragment}", result.stderr
 
 
-def test_the_offline_cli_passes_cpu_threads(monkeypatch, capsys):
+def test_the_offline_cli_passes_cpu_threads(model_dir, monkeypatch, capsys):
     import aioinfer
     from aioinfer.entrypoints import cli
 
@@ -114,7 +139,7 @@ def test_the_offline_cli_passes_cpu_threads(monkeypatch, capsys):
             return []
 
     monkeypatch.setattr(aioinfer, "LLM", FakeLLM)
-    cli.main(["generate", "--model", "m", "--cpu-threads", "3", "hi"])
+    cli.main(["generate", "--model", model_dir, "--cpu-threads", "3", "hi"])
     assert seen["cpu_threads"] == 3
-    cli.main(["chat", "--model", "m", "hi"])
+    cli.main(["chat", "--model", model_dir, "hi"])
     assert seen["cpu_threads"] is None

@@ -3,7 +3,8 @@
 - float32 tiny models: greedy tokens identical to transformers, eager and with CUDA graphs;
 - bf16 Qwen2.5-0.5B shapes: logits within a stated tolerance of transformers' over a prefill plus
   32 teacher-forced decode steps, through the Triton paged kernels;
-- CUDA-graph and eager runs give identical tokens.
+- CUDA-graph and eager runs give identical tokens in float32, and bf16 logprobs within a stated
+  tolerance of each other on the same sequence.
 """
 
 from __future__ import annotations
@@ -146,28 +147,46 @@ def test_cuda_graphs_and_eager_give_identical_tokens(qwen_05b_dir):
     assert runs[True] == runs[False]
 
 
+# bf16, teacher-forced: most a logprob of the same sequence may differ between the graph and eager runs
+# (padded graph shapes make cuBLAS choose other kernels: other rounding). Measured on an H100: 0.031.
+BF16_GRAPH_TF_TOL = 0.1
+
+
 def test_token_graphs_serve_prefix_hits_and_mixed_steps_like_eager(qwen_05b_dir):
     """Prefill and mixed steps of <= 256 tokens replay token-bucket graphs: short prompts next to
     decode rows, and prompts whose long shared prefix is cached (a 1100-token context behind a
-    short tail: the prefill kernel splits the context). Tokens equal the eager run's; the hits are real."""
+    short tail: the prefill kernel splits the context); the hits are real.
+
+    In float32 the tokens equal the eager run's (on an H100 the logprobs were bit-identical). In
+    bf16 they need not: a padded graph batch rounds differently from the eager one, and with random
+    weights greedy near-ties are common (where the two runs first parted, eager's top two were
+    0.016 apart), so bf16 is compared teacher-forced: one sequence's logprobs, position by position
+    (every step of it replaying a graph), within ``BF16_GRAPH_TF_TOL`` of eager's."""
     rng = random.Random(7)
     prefix = [rng.randrange(151936) for _ in range(1100)]
     cold = [prefix + [rng.randrange(151936) for _ in range(9)]]
     warm = [prefix + [rng.randrange(151936) for _ in range(n)] for n in (1, 16, 17, 40, 100)]
     short = _prompts(151936, 12, seed=9)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    runs = {}
-    for eager in (True, False):
-        llm = LLM(model=str(qwen_05b_dir), dtype="bfloat16", device="cuda", attention_backend="triton",
-                  enforce_eager=eager, max_num_seqs=32, max_num_batched_tokens=256, num_kv_blocks=2048,
-                  enable_prefix_caching=True)
-        outs = llm.generate(cold, params, use_tqdm=False)  # caches the prefix
-        outs += llm.generate(warm + short, params, use_tqdm=False)
-        assert [o.num_cached_tokens for o in outs[1:len(warm) + 1]] == [1088] * len(warm)  # 68 full blocks
-        runs[eager] = [o.outputs[0].token_ids for o in outs]
-        if not eager:
-            replays = llm.engine.runner.graphs.num_replays
-            assert replays["tokens"] > 0 and replays["decode"] > 0, replays
-        del llm
-        torch.cuda.empty_cache()
-    assert runs[True] == runs[False]
+    for dtype in ("float32", "bfloat16"):
+        runs, forced = {}, {}
+        for eager in (True, False):
+            llm = LLM(model=str(qwen_05b_dir), dtype=dtype, device="cuda", attention_backend="triton",
+                      enforce_eager=eager, max_num_seqs=32, max_num_batched_tokens=256, num_kv_blocks=2048,
+                      enable_prefix_caching=True)
+            outs = llm.generate(cold, params, use_tqdm=False)  # caches the prefix
+            outs += llm.generate(warm + short, params, use_tqdm=False)
+            assert [o.num_cached_tokens for o in outs[1:len(warm) + 1]] == [1088] * len(warm)  # 68 full blocks
+            runs[eager] = [o.outputs[0].token_ids for o in outs]
+            sequence = cold[0] + runs[True][0]  # eager's, for both runs
+            scored = llm.generate([sequence], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+            forced[eager] = [entry[token].logprob for entry, token in zip(scored.prompt_logprobs[1:], sequence[1:])]
+            if not eager:
+                replays = llm.engine.runner.graphs.num_replays
+                assert replays["tokens"] > 0 and replays["decode"] > 0, replays
+            del llm
+            torch.cuda.empty_cache()
+        if dtype == "float32":
+            assert runs[True] == runs[False]
+        worst = max(abs(a - b) for a, b in zip(forced[True], forced[False]))
+        assert worst < (1e-4 if dtype == "float32" else BF16_GRAPH_TF_TOL), (dtype, worst)

@@ -201,6 +201,34 @@ def test_compile_threads_run_at_a_lower_priority():
     assert theirs > mine or mine == 19
 
 
+EXIT_DURING_A_COMPILE = """if True:
+    import sys, threading, time
+    from aioinfer.structured_output.compile_threads import CompileThreads
+
+    started = threading.Event()
+
+    def compile_():  # stands in for llguidance, which a thread must not be inside while the interpreter ends
+        started.set()
+        time.sleep(0.5)
+        open(sys.argv[1], "w").write("finished")
+
+    pool = CompileThreads(1)
+    threading.Thread(target=pool.run, args=(compile_,), kwargs={"timeout": 60}, daemon=True).start()
+    started.wait()
+    sys.exit(0)
+"""
+
+
+def test_the_interpreter_exit_waits_for_a_compile_in_progress(tmp_path):
+    """Compile threads are daemons, yet exit joins them first: a daemon thread inside a Rust extension
+    when the interpreter finalizes is ended by pthread_exit, whose unwind aborts the process."""
+    marker = tmp_path / "compiled"
+    result = subprocess.run([sys.executable, "-c", EXIT_DURING_A_COMPILE, str(marker)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert marker.read_text() == "finished"
+
+
 def test_compile_threads_have_the_stack_for_what_the_bounds_let_through(smollm2_gguf):
     """Past the bounds, on purpose: a $ref chain that overflows an 8 MiB stack (SIGSEGV) compiles on a
     compile thread. In a child process, since a failure here is a crash."""

@@ -277,6 +277,22 @@ def test_tpot_definition_and_goodput():
     assert "c4" in table and "TTFT" in table and "0.50 (33%)" in table
 
 
+def test_table_shows_every_request_that_did_not_end_ok():
+    """Cancelled and failed requests are in the table, not only in the JSON (issue 56): one count
+    column per outcome, summing to the requests sent, and a line per level naming each kind."""
+    recs = ([_rec(ttft=0.1, e2e=0.5, out=5)] * 3 + [_rec(status=CANCELLED, e2e=None)] * 16
+            + [_rec(status=HTTP_ERROR, http=503), _rec(status=RATE_LIMITED, http=429)])
+    clean = summarize([_rec(ttft=0.1, e2e=0.5, out=5)], name="c1", mode="closed", duration_s=1.0)
+    lossy = summarize(recs, name="c16", mode="closed", duration_s=2.0, interrupted=True)
+    lines = format_table([clean, lossy]).splitlines()
+    header = lines[0].split()
+    cells = dict(zip(header, lines[3].replace("c16 (interrupted)", "c16").split()))
+    assert header[:6] == ["level", "sent", "ok", "err", "429", "cancel"]
+    assert [cells[k] for k in header[1:6]] == ["21", "3", "1", "1", "16"]
+    assert lines[-1] == "c16: 18 of 21 not ok: cancelled 16, http_503 1, rate_limited 1"
+    assert len(lines) == 5  # header, rule, two levels, one note: c1 has nothing to note
+
+
 # ------------------------------------------------------------------------------- workload
 
 

@@ -121,8 +121,8 @@ def test_bad_arguments_exit_2_with_one_line(model_dir, args, fragments):
 
 
 @pytest.mark.parametrize("env, fragment", [
-    ({"AIOINFER_DEVICE": "gpu"}, "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
-    ({"AIOINFER_DTYPE": "float64"}, "dtype must be one of"),
+    ({"AIOINFER_DEVICE": "gpu"}, "AIOINFER_DEVICE must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+    ({"AIOINFER_DTYPE": "float64"}, "AIOINFER_DTYPE must be one of"),
     ({"AIOINFER_ENFORCE_EAGER": "maybe"}, "AIOINFER_ENFORCE_EAGER must be bool"),
 ])
 def test_bad_variables_exit_2_with_one_line_before_listening(model_dir, env, fragment):

@@ -107,6 +107,23 @@ def load_for_engine(config: EngineConfig, tokenizer_loader: Optional[Callable[..
                        max_model_len=max_model_len)
 
 
+def check_model_source(name: str) -> None:
+    """ValueError unless ``name`` can be loaded or fetched: a local HF folder or .gguf file, a hub id
+    (downloaded at load), or the default model's name (fetched at load). Cheap (no network, a few
+    stats), so that a server finds a mistyped path before it listens, not after, in the background."""
+    from aioinfer.fetch import DEFAULT_MODEL, DEFAULT_MODEL_ALIASES
+    from aioinfer.models.loader import resolve_model_source
+
+    if name in DEFAULT_MODEL_ALIASES or looks_like_hub_id(name):
+        return
+    try:
+        resolve_model_source(name)
+    except (OSError, ValueError) as exc:
+        reason = str(exc) if Path(name).expanduser().exists() else "no such file or folder"
+        raise ValueError(f"model {name!r}: {reason} (expected a local HF folder with config.json, a .gguf "
+                         f"file, a hub id such as Qwen/Qwen2.5-0.5B-Instruct, or {DEFAULT_MODEL})") from None
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on: its affinity mask (taskset, cpusets) where the OS has one."""
     if hasattr(os, "sched_getaffinity"):
@@ -117,15 +134,21 @@ def usable_cpus() -> int:
 def apply_cpu_threads(cpu_threads: Optional[int]) -> int:
     """Set torch's intra-op thread count for an engine on the CPU; returns the count in effect.
 
-    ``cpu_threads`` given: exactly that many. None: torch's count, capped at ``usable_cpus()`` but
-    never raised. Why not simply set the usable count: the count is process-wide, and a process that
-    embeds the engine (or its OMP_NUM_THREADS) may have chosen fewer on purpose, for its own work or
-    for the other processes on the machine; more threads than usable CPUs, though, is never a
-    choice, only oversubscription (torch's default comes from its OpenMP/MKL runtime, which may
-    count cores outside this process's affinity mask), where every parallel op waits on threads
-    that are not running. Even the usable count oversubscribes a machine shared with other busy
-    processes (an 8-token request took 13.9 s there instead of 0.74 s with one thread): set
-    ``cpu_threads`` for that. CPU quotas (cgroup ``cpu.max``) are not looked at.
+    ``cpu_threads`` given: exactly that many. None: one thread, unless ``OMP_NUM_THREADS`` is set
+    (then torch's count, which follows it, capped at ``usable_cpus()``).
+
+    Why one by default: it is the only count that is never catastrophically slow. torch's parallel
+    ops split their work evenly across the threads and wait at a barrier for the slowest, so a
+    thread that another process keeps off its core stalls every op of every step. On a 2-core
+    machine with one core busy elsewhere, 2 threads made the README's chat request take 26-96 s
+    and completed 0 of 16 concurrent requests in 120 s; 1 thread took 4-9 s and completed all 16 in
+    23 s; on the idle machine 1 thread was as fast as 2 (the server's event loop needs a core too).
+    (docs/server.md "CPU threads" has the table.) More threads pay only on an idle machine with
+    cores to spare: set ``cpu_threads`` (``AIOINFER_CPU_THREADS``, ``--cpu-threads``) there. The count is
+    process-wide; an application embedding the engine that chose its own passes it here, or sets
+    ``OMP_NUM_THREADS``. More threads than usable CPUs is never a choice, only oversubscription:
+    warned. A machine already busy (load average) is warned of once per process, whatever the
+    count. CPU quotas (cgroup ``cpu.max``) are not looked at.
     """
     usable = usable_cpus()
     current = torch.get_num_threads()
@@ -134,15 +157,48 @@ def apply_cpu_threads(cpu_threads: Optional[int]) -> int:
         if cpu_threads > usable:
             logger.warning("cpu_threads=%d is more than the %d CPU(s) this process may use: expect slow steps",
                            cpu_threads, usable)
-    elif current > usable:
-        wanted, why = usable, f"torch's {current} capped at the usable CPUs"
+    elif os.environ.get("OMP_NUM_THREADS", "").strip():
+        wanted = min(current, usable)
+        why = f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS'].strip()}" + (
+            ", capped at the usable CPUs" if current > usable else "")
     else:
-        wanted, why = current, "torch's default, cpu_threads unset"
+        wanted, why = 1, "the default, cpu_threads unset"
     if wanted != current:
         torch.set_num_threads(wanted)
     in_effect = torch.get_num_threads()
     logger.info("CPU: %d torch intra-op thread(s) (%s; %d CPU(s) usable)", in_effect, why, usable)
+    _warn_if_busy(in_effect, usable)
     return in_effect
+
+
+_warned_busy = False  # once per process: data-parallel replicas and repeated LLMs all get here
+
+
+def _warn_if_busy(threads: int, usable: int) -> None:
+    """Warn once when the machine's recent load (other processes) and these threads exceed its CPUs."""
+    global _warned_busy
+    load = machine_load()
+    if _warned_busy or load is None or load + threads <= usable:
+        return
+    _warned_busy = True
+    if threads > 1:
+        logger.warning("CPU: the machine is oversubscribed (load average %.1f from other work, %d CPU(s) usable, "
+                       "%d torch threads): each parallel op waits for threads that are not running, which made "
+                       "requests 10-50x slower; set AIOINFER_CPU_THREADS=1 (--cpu-threads 1)", load, usable, threads)
+    else:
+        logger.warning("CPU: the machine is oversubscribed (load average %.1f from other work, %d CPU(s) usable): "
+                       "steps will be slower than on an idle machine", load, usable)
+
+
+def machine_load() -> Optional[float]:
+    """The 1-minute load average less this process's own share of it (roughly its CPU seconds over
+    the minute the average spans: a process that started loading seconds ago adds that much), or
+    None where the OS has no load average."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    return max(0.0, load - min(1.0, time.process_time() / 60))
 
 
 def _eos_ids(arch, tokenizer, defaults: dict) -> tuple[int, ...]:

@@ -12,6 +12,14 @@ its other workers, if any, with SIGTERM: they would keep the port). A worker tha
 writes ``_CLEAN`` first; one that vanishes without a word (SIGKILL, the OOM killer) gets the same
 treatment, on a best effort (hypercorn may be quicker). ``python -m aioinfer serve`` runs hypercorn
 in its own process and needs only faulthandler.
+
+The same trap catches a worker that exits on purpose with a failing status (a bad setting found when
+``aioinfer.app`` is imported, a model that cannot load): hypercorn would exit 0 there too. Such a
+worker ends the server with ``end_server``, which writes its one line, ends hypercorn's main process
+itself (the same ``_end_hypercorn``, silently: the line has said why), and only then exits. The
+worker does it rather than the watcher because it is alive and can do it before exiting: nothing
+races hypercorn's exit. The shell sees 137 (SIGKILL), the only status left to a process that runs
+none of our code; ``serve`` exits with the status itself (2 for a setting, 1 for a load failure).
 """
 
 import atexit
@@ -21,8 +29,11 @@ import os
 import signal
 import subprocess
 import sys
+from typing import NoReturn, Optional
 
 _CLEAN = b"\0"  # the worker's last word when it exits normally
+# In a watched hypercorn worker: (hypercorn's main process, the pipe to the watcher); else None
+_watched: Optional[tuple[int, int]] = None
 
 
 def report_fatal_signals() -> None:
@@ -42,13 +53,67 @@ def report_fatal_signals() -> None:
     finally:
         os.close(read)
     faulthandler.enable(file=write, all_threads=True)
+    global _watched
+    _watched = (parent.pid, write)
+    atexit.register(_clean_exit)
 
-    def clean_exit() -> None:
-        faulthandler.disable()
-        os.write(write, _CLEAN)
-        os.close(write)
 
-    atexit.register(clean_exit)
+def _clean_exit() -> None:
+    """Tell the watcher this exit is no crash (once: ``end_server`` and atexit may both call it)."""
+    global _watched
+    if _watched is None:
+        return
+    faulthandler.disable()
+    _, write = _watched
+    _watched = None
+    os.write(write, _CLEAN)
+    os.close(write)
+
+
+def end_server(status: int, line: str, *, now: bool = False) -> NoReturn:
+    """Write ``line`` on stderr and end the server process with ``status``; in a hypercorn worker,
+    hypercorn's main process first (module docstring), so that the server's status is never 0.
+
+    ``now``: ``os._exit`` (from the event loop, with the engine's threads about); otherwise
+    ``SystemExit``, as at import. A hypercorn worker always leaves with ``os._exit``, at once, since
+    hypercorn's main process is already gone and the port must be let go.
+    """
+    sys.stderr.write(line.rstrip("\n") + "\n")
+    sys.stderr.flush()
+    watched = _watched
+    if watched is not None:
+        _release_semaphores()
+        _end_hypercorn(watched[0], os.getpid(), None)
+        _clean_exit()
+    if now or watched is not None:
+        sys.stdout.flush()
+        os._exit(status)
+    raise SystemExit(status)
+
+
+def _release_semaphores() -> None:
+    """Unlink the named semaphores of the shutdown Event that hypercorn's main process made for this
+    worker (its Process arguments, which the worker holds too). Killed, that process cannot unlink
+    them; multiprocessing's resource tracker then would, and warn of "leaked semaphore objects" on
+    stderr after the shell has returned. Best effort: a Python whose internals differ leaves them
+    to the tracker."""
+    try:
+        from multiprocessing import current_process
+        from multiprocessing.synchronize import SemLock
+
+        def semlocks(obj: object, depth: int):  # Event -> Condition -> its lock and Semaphores
+            if isinstance(obj, SemLock):
+                yield obj
+            elif depth:
+                for value in getattr(obj, "__dict__", {}).values():
+                    yield from semlocks(value, depth - 1)
+
+        names = {lock._semlock.name for value in getattr(current_process(), "_kwargs", {}).values()
+                 for lock in semlocks(value, 3)}
+        for name in names - {None}:
+            SemLock._cleanup(name)
+    except Exception:  # noqa: BLE001 - only a warning's worth is at stake
+        pass
 
 
 def _is_hypercorn(pid: int) -> bool:
@@ -77,7 +142,7 @@ def _watch(hypercorn: int, worker: int) -> int:
     return 0
 
 
-def _end_hypercorn(hypercorn: int, worker: int, why: str) -> None:
+def _end_hypercorn(hypercorn: int, worker: int, why: Optional[str]) -> None:
     try:  # its other workers (--workers N) would outlive it, and keep the port: they are ended too
         with open(f"/proc/{hypercorn}/task/{hypercorn}/children") as f:
             others = [int(pid) for pid in f.read().split() if int(pid) != worker]
@@ -92,6 +157,8 @@ def _end_hypercorn(hypercorn: int, worker: int, why: str) -> None:
             os.kill(pid, signal.SIGTERM)
         except OSError:
             pass
+    if why is None:  # the worker itself, which has said why
+        return
     sys.stderr.write(f"aioinfer: the server worker (pid {worker}) {why}; ended hypercorn's main process "
                      f"(pid {hypercorn}) with SIGKILL, as it would otherwise have exited with status 0\n")
     sys.stderr.flush()

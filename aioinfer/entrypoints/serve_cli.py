@@ -6,9 +6,11 @@ in-flight requests get ``--shutdown-grace`` seconds to finish, then the rest are
 engine stops. A second signal is ignored (the shutdown is already bounded).
 
 Boolean engine options are switches (``--enforce-eager`` / ``--no-enforce-eager``); left out, the
-``AIOINFER_*`` variable or the default applies. Bad settings and a port in use stop ``serve``
-before anything loads, with one ``aioinfer serve: error: ...`` line (status 2 for bad settings,
-1 for a port that cannot be bound).
+``AIOINFER_*`` variable or the default applies. Bad settings (a model path that does not exist
+included) and a port in use stop ``serve`` before anything loads, with one ``aioinfer serve: error:
+...`` line naming the flag or variable (status 2 for bad settings, 1 for a port that cannot be
+bound); a model that fails to load once the server listens (a hub id that cannot be fetched) ends
+it with such a line and status 1 (entrypoints/startup_checks.py).
 
 vLLM's flags that change nothing here are accepted, so that a vLLM command line runs as it is; one
 whose value would change the result but is not implemented here is refused with the reason
@@ -27,11 +29,12 @@ import signal
 import socket
 import ssl
 import sys
-from typing import Any, NoReturn, Optional
+from typing import Any, Collection, NoReturn, Optional
 
 from aioinfer.entrypoints.serve_flags import (SERVER_FLAGS, SERVER_SWITCHES, HelpFormatter, Switch,
                                              add_engine_flags, add_server_flags, apply_uvicorn_log_level, port,
                                              server_settings_of_vllm_flags)
+from aioinfer.entrypoints.startup_checks import check_settings, failure_line, name_the_setting
 from aioinfer.server_config import ENGINE_OPTIONS, LOG_FORMAT, ServerConfig
 
 __all__ = ["add_engine_flags", "add_serve_parser", "config_from_args", "run_serve", "serve"]
@@ -93,7 +96,7 @@ def run_serve(args: argparse.Namespace) -> None:
         _check_engine_arguments(config)  # values argparse cannot check: the engine's own validation
         _check_tls(config)
     except ValueError as exc:
-        _fail(str(exc), status=2)
+        _fail(name_the_setting(str(exc), _flags_given(args)), status=2)
     if config.enable_ssl_refresh and not config.ssl_certfile:  # vLLM ignores it then too
         logging.getLogger("aioinfer.server").warning("--enable-ssl-refresh without --ssl-certfile: nothing to refresh")
     try:
@@ -101,7 +104,7 @@ def run_serve(args: argparse.Namespace) -> None:
     except OSError as exc:
         _fail(_bind_error_message(exc, args.host, args.port), status=1)
     try:
-        asyncio.run(serve(config, args.host, args.port))
+        asyncio.run(serve(config, args.host, args.port, flags=_flags_given(args)))
     except OSError as exc:  # hypercorn's bind, if the port was taken since check_port_free
         if not _is_bind_error(exc):
             raise
@@ -115,15 +118,15 @@ def _fail(message: str, status: int) -> NoReturn:
 
 
 def _check_engine_arguments(config: ServerConfig) -> None:
-    """Build, without loading, the engine the server will build, and check that an explicit CUDA
-    device exists: ValueError now, rather than a logged traceback after the port is open (the
-    model loads in the background once the server listens)."""
-    from aioinfer.data_parallel.engine import create_engine
-    from aioinfer.engine.model_setup import resolve_device
+    """ValueError now, rather than a failure after the port is open (the model loads in the
+    background once the server listens): startup_checks.check_settings."""
+    check_settings(config)
 
-    engine = create_engine(**config.engine_arguments())
-    if engine.config.device != "auto":
-        resolve_device(engine.config.device)
+
+def _flags_given(args: argparse.Namespace) -> frozenset[str]:
+    """The settings given as flags, by option name (the others came from AIOINFER_* variables)."""
+    given = {name for name, value in vars(args).items() if value is not None}
+    return frozenset(given | ({"model"} if getattr(args, "model_tag", None) is not None else set()))
 
 
 def _check_tls(config: ServerConfig) -> None:
@@ -191,8 +194,9 @@ def _bind_error_message(exc: OSError, host: str, port: int) -> str:
     return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
 
 
-async def serve(config: ServerConfig, host: str, port: int) -> None:
-    """Serve until SIGINT/SIGTERM, then shut down gracefully (see the module docstring)."""
+async def serve(config: ServerConfig, host: str, port: int, flags: Collection[str] = ()) -> None:
+    """Serve until SIGINT/SIGTERM, then shut down gracefully (see the module docstring). ``flags``:
+    the settings given as flags, for the line that names one when the engine fails to start."""
     from hypercorn.asyncio import serve as hypercorn_serve
 
     from aioinfer.entrypoints.openai.api_server import create_app, get_state
@@ -243,7 +247,7 @@ async def serve(config: ServerConfig, host: str, port: int) -> None:
             task.cancel()  # the grace: done already, unless hypercorn's backstop ended the wait first
             await asyncio.gather(task, return_exceptions=True)
     if state.load_error is not None:
-        raise SystemExit(1)
+        _fail(failure_line(state.load_error, flags, started=state.engine_started), status=1)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

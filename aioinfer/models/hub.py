@@ -22,6 +22,9 @@ def download_from_hub(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id, allow_patterns=_PATTERNS))
     except Exception as exc:  # noqa: BLE001 - offline, unknown repo, gated: one clear message
+        # One line (a server prints it as its last word): huggingface_hub's own messages run over several
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
         raise FileNotFoundError(
             f"model {repo_id!r} is not a local folder or .gguf file, and downloading it from the Hugging Face "
-            f"hub failed ({type(exc).__name__}: {exc}). Pass a local path instead.") from exc
+            f"hub failed ({type(exc).__name__}: {reason}); pass a local path, or check the id and the "
+            f"network") from exc

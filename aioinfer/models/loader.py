@@ -17,7 +17,7 @@ import torch
 
 from aioinfer.attention.backend import AttentionBackend
 from aioinfer.distributed.group import TPGroup
-from aioinfer.models.arch_config import ArchConfig
+from aioinfer.models.arch_config import ArchConfig, check_attention_window
 from aioinfer.models.decoder import DecoderForCausalLM
 from aioinfer.models.registry import get_model_class
 
@@ -137,13 +137,16 @@ def load_model(
     attention_backend: Optional[AttentionBackend] = None,
     seed: int = 0,
     tp: Optional[TPGroup] = None,
+    max_model_len: Optional[int] = None,
 ) -> tuple[DecoderForCausalLM, ArchConfig]:
     """Build the model for ``source`` in ``dtype`` on ``device`` and fill its weights (a source from
     ``open_model_source`` lends its parsed GGUF; otherwise a GGUF is parsed here).
 
     load_format: "auto" (by source kind), "safetensors", "gguf", or "dummy" (random weights from
     the config alone, deterministic by ``seed``). With a tensor-parallel group ``tp`` the model
-    holds this rank's shard of every split layer.
+    holds this rank's shard of every split layer. ``max_model_len`` (tokens; None: the model's
+    ``max_position_embeddings``, the engine's default) is the longest context the caller will run: a
+    model whose sliding attention window is shorter is refused before any weight is read.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
@@ -164,6 +167,7 @@ def load_model(
         cfg = arch_config_from_gguf(reader)
     else:
         cfg = load_arch_config(source)
+    check_attention_window(cfg, max_model_len or cfg.max_position_embeddings)
 
     model = _build_empty(cfg, dtype, device, attention_backend, tp)
     if fmt == "dummy":

@@ -18,6 +18,12 @@ offline ``LLM``'s pool):
   overruns finishes in the background (its work is bounded: limits.py, llguidance's own limits)
   while its caller has its answer: ``CompileTimeout`` if it had started, ``CompileBusy`` if every
   thread was still busy with others (then it never starts).
+- Exit. The threads are daemons (a pool never holds a process open), but none may still be inside
+  llguidance when the interpreter finalizes: a daemon thread that wants the GIL back then is ended
+  with pthread_exit, whose unwind through llguidance's Rust frames aborts the process ("FATAL:
+  exception not rethrown", status 134). So at interpreter exit, before daemon threads are left to
+  themselves, every pool's threads are told to stop and joined, for at most ``EXIT_WAIT`` seconds
+  (a compile in progress finishes: limits.py bounds it).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import logging
 import os
 import queue
 import threading
+import time
 import weakref
 from typing import Any, Callable, Optional
 
@@ -34,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 STACK_BYTES = 256 << 20
 NICE = 10  # added to the process's nice value: 10 gives a thread about a tenth of a contended CPU
+EXIT_WAIT = 30.0  # seconds the interpreter's exit waits, in all, for compiles still running
 
 
 class CompileTimeout(Exception):
@@ -52,6 +60,7 @@ class CompileThreads:
         self._threads: list[threading.Thread] = []
         # Dropped (its engine gone): the threads end; they hold the queue, not this object.
         weakref.finalize(self, _stop, self._jobs, self._threads)
+        _pools.add(self)
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
         """``fn(*args)`` on a compile thread; its result or exception, or CompileTimeout / CompileBusy."""
@@ -100,6 +109,26 @@ def _start_with_stack(thread: threading.Thread, size: int) -> None:
 def _stop(jobs: queue.SimpleQueue, threads: list) -> None:
     for _ in threads:
         jobs.put(None)
+
+
+_pools: "weakref.WeakSet[CompileThreads]" = weakref.WeakSet()
+
+
+def _join_at_exit() -> None:
+    """Stop every pool's threads and wait for them (module docstring, Exit)."""
+    threads = []
+    for pool in list(_pools):
+        with pool._lock:
+            _stop(pool._jobs, pool._threads)
+            threads += pool._threads
+            pool.size = 0  # no new threads from a late caller
+    deadline = time.monotonic() + EXIT_WAIT
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+# Run by threading._shutdown at interpreter exit, first of the exit hooks (as concurrent.futures' pools do).
+threading._register_atexit(_join_at_exit)
 
 
 def _serve(jobs: queue.SimpleQueue) -> None:

@@ -76,6 +76,7 @@ class GrammarWorker:
         self.executor = made[0]
         # Garbage-collected without ``close`` (an engine dropped): the thread still ends.
         weakref.finalize(self, self._jobs.put, None)
+        _workers[self._thread] = self._jobs
 
     def submit(self, job: MaskJob) -> None:
         """Start ``job``; the interpreter's switch interval stays short until the thread is done with it."""
@@ -85,6 +86,26 @@ class GrammarWorker:
     def close(self) -> None:
         """Let the thread end (after the job it may be running); idempotent."""
         self._jobs.put(None)
+
+
+# Every worker thread and its queue, for the interpreter's exit: a daemon thread inside llguidance
+# then would be ended with pthread_exit when it wants the GIL back, whose unwind through Rust frames
+# aborts the process ("FATAL: exception not rethrown"); so each is told to stop and joined first
+# (a job takes milliseconds), by threading._shutdown, before daemon threads are left to themselves.
+_workers: "weakref.WeakKeyDictionary[threading.Thread, queue.SimpleQueue]" = weakref.WeakKeyDictionary()
+EXIT_WAIT = 10.0
+
+
+def _join_at_exit() -> None:
+    items = list(_workers.items())
+    for _, jobs in items:
+        jobs.put(None)
+    deadline = time.monotonic() + EXIT_WAIT
+    for thread, _ in items:
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+threading._register_atexit(_join_at_exit)
 
 
 def _serve(jobs: queue.SimpleQueue, threads: Optional[int], cpus: Optional[set], handoff: "ShortSwitchInterval",

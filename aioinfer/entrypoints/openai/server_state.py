@@ -33,10 +33,14 @@ class ServerState:
         self.metrics: Optional[PrometheusMetrics] = None
         self.request_log = RequestLog()
         self.load_error: Optional[BaseException] = None
+        self.engine_started = False  # the engine loaded and warmed up (a later error is no load failure)
         self.draining = False  # set on SIGTERM by `serve`: new requests get 503, running ones finish
         self._stop = asyncio.Event()
         self._owner: Optional[asyncio.Task] = None
-        self.on_load_failure = None  # optional callback; `serve` uses it to exit instead of idling dead
+        # Optional callback for an engine that fails to be built or to start (or later stops with an
+        # error): the server commands exit with one line (entrypoints/startup_checks.py) instead of
+        # idling dead. A start failure is then the callback's to report: its traceback is logged at DEBUG.
+        self.on_load_failure = None
         self.responses = OpenResponses()  # the HTTP requests in flight, for the shutdown to end (shutdown.py)
 
     # ---------------------------------------------------------------- lifecycle
@@ -47,8 +51,14 @@ class ServerState:
         quiet_cancelled_connection_tasks(asyncio.get_running_loop())
         factory = self._engine_factory or _default_engine_factory
         observers = _Observers()
-        # The metrics are labelled with the served name, which the engine knows before loading.
-        self.engine = factory(observers=[observers], **self.config.engine_arguments())
+        try:
+            # The metrics are labelled with the served name, which the engine knows before loading.
+            self.engine = factory(observers=[observers], **self.config.engine_arguments())
+        except Exception as exc:
+            if self.on_load_failure is None:
+                raise  # the ASGI start-up fails, as an embedder's server expects
+            self._failed(exc)  # the server commands checked the settings already: this is a bug's path
+            return
         self.metrics = PrometheusMetrics(self.served_model_name)
         observers.targets.append(self.metrics)
         if self.config.log_requests:
@@ -59,6 +69,7 @@ class ServerState:
     async def _own_engine(self) -> None:
         try:
             async with self.engine:
+                self.engine_started = True
                 tune_collector_for_serving()
                 logger.info("engine ready: model %s, max_model_len %s", self.served_model_name,
                             self.engine.max_model_len)
@@ -66,10 +77,16 @@ class ServerState:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - reported through /health and the log
-            self.load_error = exc
-            logger.exception("the engine failed to start or stopped with an error")
-            if self.on_load_failure is not None:
-                self.on_load_failure(exc)
+            self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.load_error = exc
+        if self.on_load_failure is None or self.engine_started:
+            logger.error("the engine failed to start or stopped with an error", exc_info=exc)
+        else:  # the callback tells it in one line
+            logger.debug("the engine failed to start", exc_info=exc)
+        if self.on_load_failure is not None:
+            self.on_load_failure(exc)
 
     async def stop(self) -> None:
         """Stop the engine: open requests are aborted and the GPU thread joined."""

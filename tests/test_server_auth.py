@@ -92,6 +92,10 @@ def test_serve_exits_with_status_1_when_the_model_cannot_load(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "aioinfer.entrypoints.serve_cli", "--model", str(tmp_path / "none"),
+    # A folder that exists (a missing one is a bad setting, refused before listening with status 2:
+    # test_startup_errors.py) but whose config cannot build a model: found only once loading starts.
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}')
+    proc = subprocess.run([sys.executable, "-m", "aioinfer.entrypoints.serve_cli", "--model", str(tmp_path),
                            "--port", "0", "--device", "cpu"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and "not found" in proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "aioinfer serve: error: the engine failed to start: KeyError: 'hidden_size'"

@@ -1,4 +1,8 @@
-"""Engine configuration: nested frozen dataclasses, validated on construction (ValueError names the field)."""
+"""Engine configuration: nested frozen dataclasses, validated on construction (ValueError names the field).
+
+Each field a user may set is declared as an option here (options.py): its help, parser and vLLM
+spellings sit on the field, and the server's variables and every command's flags are built from them.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
+
+from aioinfer.options import check_bools, context_length, declared, human_readable_int, option
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # vLLM's other spellings of the same types (its --dtype choices), taken and stored as the names above
@@ -23,20 +29,44 @@ def is_valid_device(name: object) -> bool:
     return isinstance(name, str) and _DEVICE_RE.fullmatch(name) is not None
 
 
+def device_flag(value: str) -> str:
+    """--device, refused by the parser (the variable is refused by EngineConfig's own check)."""
+    if not is_valid_device(value):
+        raise ValueError(f"invalid device {value!r}: expected auto, cpu, cuda or cuda:N")
+    return value
+
+
+def speculative_config_json(raw: str) -> dict:
+    """``AIOINFER_SPECULATIVE_CONFIG`` / ``--speculative-config``: vLLM's JSON object
+    (``{"method": "ngram", "num_speculative_tokens": 4, ...}``), checked here so that a bad one fails
+    before anything loads; ValueError names the key."""
+    import json
+
+    SpeculativeConfig.from_value(raw)
+    return json.loads(raw)
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    model: str  # HF folder, .gguf file, or the default model's name
-    dtype: str = "auto"  # auto: float32 on CPU, the checkpoint's half type (bfloat16 default) on CUDA
-    load_format: str = "auto"
-    max_model_len: Optional[int] = None  # tokens; None: the model's max_position_embeddings
-    seed: int = 0  # seeds dummy weights and the draws of unseeded requests
-    tokenizer: Optional[str] = None  # folder of tokenizer files, when not beside the weights
+    model: str  # HF folder, .gguf file, or the default model's name (an option of the server's: ServerConfig)
+    # auto: float32 on CPU, the checkpoint's half type (bfloat16 default) on CUDA
+    dtype: str = option("auto", help="weights' and activations' type: auto (float32 on CPU, the checkpoint's "
+                        "half type on CUDA), float32, float16 (half), bfloat16", choices=(*DTYPES, *DTYPE_ALIASES))
+    load_format: str = option("auto", help="weights' format", choices=LOAD_FORMATS)
+    # tokens; None: the model's max_position_embeddings
+    max_model_len: Optional[int] = option(None, parse=context_length, help="context length; vLLM's suffixes: "
+                                          "2k = 2000, 32K = 32768 (default: the model's)")
+    seed: int = option(0, help="seeds dummy weights and the draws of unseeded requests")
+    # folder of tokenizer files, when not beside the weights
+    tokenizer: Optional[str] = option(None, help="tokenizer folder (default: beside the weights)")
     # vLLM's: where unset sampling fields take their defaults from: "auto" (the model's
     # generation_config.json), "vllm" (none: SamplingParams' own), or a folder holding one
-    generation_config: str = "auto"
+    generation_config: str = option("auto", help="where unset sampling fields take their defaults: auto (the "
+                                    "model's generation_config.json), vllm (none), or a folder holding one")
     # vLLM's: the most logprobs (sampled or prompt) a request may ask for a position; -1: the whole
     # vocabulary, which is also what a request's -1 asks for (then allowed only with this at -1 or >= it)
-    max_logprobs: int = 20
+    max_logprobs: int = option(20, help="most logprobs a request may ask for a position (-1: the whole "
+                               "vocabulary)")
 
     def __post_init__(self) -> None:
         if isinstance(self.dtype, str) and self.dtype in DTYPE_ALIASES:
@@ -57,14 +87,19 @@ class ModelConfig:
 
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
-    block_size: int = 16  # tokens per KV block
-    num_kv_blocks: Optional[int] = None  # explicit pool size; None: sized from memory
-    gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the engine may use in all
-    cpu_kv_cache_gib: float = 1.0  # CPU: KV pool size when num_kv_blocks is None
-    enable_prefix_caching: bool = True  # reuse full blocks of equal prompt prefixes (chained block hashes)
-    swap_space_gib: float = 4.0  # pinned host memory for KV blocks of swapped-out requests (GiB per engine)
+    block_size: int = option(16, help="tokens per KV block")
+    # explicit pool size; None: sized from memory
+    num_kv_blocks: Optional[int] = option(None, help="KV pool size in blocks (default: from memory)")
+    gpu_memory_utilization: float = option(0.9, help="CUDA: fraction of device memory the engine may use in all")
+    cpu_kv_cache_gib: float = option(1.0, help="CPU: KV pool size in GiB when --num-kv-blocks is not given")
+    # reuse full blocks of equal prompt prefixes (chained block hashes)
+    enable_prefix_caching: bool = option(True, help="reuse KV blocks of equal prompt prefixes")
+    # pinned host memory for KV blocks of swapped-out requests (GiB per engine); vLLM's swap_space
+    # (vllm_options.RENAMED, which also makes --swap-space a flag of it)
+    swap_space_gib: float = option(4.0, help="pinned host memory for swapped-out KV blocks, GiB")
 
     def __post_init__(self) -> None:
+        check_bools(self)
         _check(_positive_int(self.block_size) and self.block_size <= 1024, "block_size", self.block_size,
                "must be a positive integer <= 1024")
         _check(self.num_kv_blocks is None or _positive_int(self.num_kv_blocks), "num_kv_blocks",
@@ -72,16 +107,18 @@ class CacheConfig:
         _check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", self.gpu_memory_utilization,
                "must be in (0, 1]")
         _check(self.cpu_kv_cache_gib > 0, "cpu_kv_cache_gib", self.cpu_kv_cache_gib, "must be > 0")
-        _check(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching", self.enable_prefix_caching,
-               "must be a bool")
         _check(self.swap_space_gib >= 0, "swap_space_gib", self.swap_space_gib, "must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    max_num_seqs: int = 256  # requests running at once
-    max_num_batched_tokens: int = 8192  # tokens computed per step (the token budget)
-    preemption_mode: str = "recompute"  # "recompute" | "swap" (to pinned host memory; recompute when it is full)
+    max_num_seqs: int = option(256, help="requests running at once")
+    # tokens computed per step (the token budget)
+    max_num_batched_tokens: int = option(8192, parse=human_readable_int,
+                                         help="tokens computed per step (2k = 2000, 8K = 8192)")
+    # "recompute" | "swap" (to pinned host memory; recompute when it is full)
+    preemption_mode: str = option("recompute", help="recompute | swap (to pinned host memory)",
+                                  choices=PREEMPTION_MODES)
 
     def __post_init__(self) -> None:
         _check(_positive_int(self.max_num_seqs), "max_num_seqs", self.max_num_seqs, "must be a positive integer")
@@ -93,8 +130,11 @@ class SchedulerConfig:
 
 @dataclass(frozen=True, slots=True)
 class ParallelConfig:
-    tensor_parallel_size: int = 1  # ranks that split each layer (one process per extra rank)
-    data_parallel_size: int = 1  # whole-model replicas in this process, one engine (and GPU) each
+    tensor_parallel_size: int = option(1, aliases=("-tp",), help="ranks splitting each layer (one worker "
+                                       "process per extra rank)")
+    # whole-model replicas in this process, one engine (and GPU) each
+    data_parallel_size: int = option(1, aliases=("-dp",), help="whole-model replicas, one GPU (and GPU thread) "
+                                     "each, behind one router")
 
     def __post_init__(self) -> None:
         _check(_positive_int(self.tensor_parallel_size), "tensor_parallel_size", self.tensor_parallel_size,
@@ -164,41 +204,51 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    device: str = "auto"  # auto: cuda when available, else cpu; or cpu, cuda, cuda:N
+    # auto: cuda when available, else cpu; or cpu, cuda, cuda:N
+    device: str = option("auto", flag_parse=device_flag, help="auto (cuda when available, else cpu) | cpu | "
+                         "cuda | cuda:N")
     # CPU only: torch intra-op threads for this process, set when the model loads (None: one, unless
     # OMP_NUM_THREADS is set; engine/model_setup.py apply_cpu_threads says why).
     # Here, not in ModelConfig: like `device`, it says how this process computes, not what the model is.
-    cpu_threads: Optional[int] = None
-    attention_backend: str = "auto"
-    enforce_eager: bool = False  # True: no CUDA graphs
-    max_cuda_graph_batch_size: int = 256  # decode batches up to this size replay captured graphs
+    cpu_threads: Optional[int] = option(None, help="CPU device: torch intra-op threads (default: 1, or "
+                                        "OMP_NUM_THREADS; more pay only on an idle machine)")
+    attention_backend: str = option("auto", help="attention implementation: auto, triton, flash_attn, torch")
+    enforce_eager: bool = option(False, help="no CUDA graphs")  # True: no CUDA graphs
+    # decode batches up to this size replay captured graphs
+    max_cuda_graph_batch_size: int = option(256, help="CUDA: decode batches up to this size replay captured "
+                                            "graphs")
     # Prefill and mixed steps of up to this many tokens replay captured graphs too (0: eager). Such a
     # step (a prompt's tail after a prefix-cache hit, a short prompt beside decode rows) is a few
     # dozen tokens through every layer: eager, its launches take longer than its kernels.
-    max_cuda_graph_prefill_tokens: int = 256
-    async_scheduling: Optional[bool] = None  # schedule step N+1 before step N's ids are back (None: on CUDA)
-    speculative: Optional[SpeculativeConfig] = None  # ``speculative_config``: n-gram drafts (None: off)
+    max_cuda_graph_prefill_tokens: int = option(256, help="CUDA: prefill and mixed steps of up to this many "
+                                                "tokens replay captured graphs too (0: eager)")
+    # schedule step N+1 before step N's ids are back (None: on CUDA)
+    async_scheduling: Optional[bool] = option(None, help="schedule step N+1 before step N's results are back "
+                                              "(default: on CUDA, off on CPU)")
+    # ``speculative_config``: n-gram drafts (None: off); a dict or its JSON is taken as SpeculativeConfig's
+    speculative: Optional[SpeculativeConfig] = option(
+        None, name="speculative_config", parse=speculative_config_json,
+        help="speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 8}'")
     # Structured outputs (structured_output/limits.py): the largest constraint a request may carry,
     # as text (a schema's JSON, a grammar, a regex, the choices as a JSON list), in bytes; and the
     # seconds a request waits for its constraint to compile (past it: a 400, and the same constraint
     # sent again is refused at once)
-    structured_outputs_max_bytes: int = 1 << 20
-    structured_outputs_compile_timeout: float = 10.0
+    structured_outputs_max_bytes: int = option(1 << 20, help="largest structured-output constraint (schema, "
+                                               "grammar, regex, choices) a request may carry, in bytes")
+    structured_outputs_compile_timeout: float = option(10.0, help="seconds a request waits for its constraint "
+                                                       "to compile before a 400")
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "speculative", SpeculativeConfig.from_value(self.speculative))
+        check_bools(self)
         _check(is_valid_device(self.device), "device", self.device, "must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
         _check(self.cpu_threads is None or _positive_int(self.cpu_threads), "cpu_threads", self.cpu_threads,
                "must be a positive integer or None")
-        _check(isinstance(self.enforce_eager, bool), "enforce_eager", self.enforce_eager, "must be a bool")
         _check(_positive_int(self.max_cuda_graph_batch_size), "max_cuda_graph_batch_size",
                self.max_cuda_graph_batch_size, "must be a positive integer")
-        _check(self.async_scheduling in (None, True, False), "async_scheduling", self.async_scheduling,
-               "must be a bool or None")
         _check(isinstance(self.max_cuda_graph_prefill_tokens, int) and not isinstance(
             self.max_cuda_graph_prefill_tokens, bool) and self.max_cuda_graph_prefill_tokens >= 0,
             "max_cuda_graph_prefill_tokens", self.max_cuda_graph_prefill_tokens, "must be an integer >= 0")
-        _check(self.speculative is None or isinstance(self.speculative, SpeculativeConfig), "speculative",
-               self.speculative, "must be a SpeculativeConfig or None")
         _check(_positive_int(self.structured_outputs_max_bytes), "structured_outputs_max_bytes",
                self.structured_outputs_max_bytes, "must be a positive integer")
         _check(isinstance(self.structured_outputs_compile_timeout, (int, float))
@@ -213,25 +263,25 @@ class EngineConfig:
         from aioinfer.vllm_options import translate
 
         kwargs = translate(kwargs)
-        sections = {}
-        for section_cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig):
-            names = {f.name for f in fields(section_cls)}
-            sections[section_cls] = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
-        top = {k: kwargs.pop(k) for k in list(kwargs)
-               if k in ("device", "cpu_threads", "attention_backend", "enforce_eager", "max_cuda_graph_batch_size",
-                        "max_cuda_graph_prefill_tokens", "async_scheduling", "structured_outputs_max_bytes",
-                        "structured_outputs_compile_timeout")}
-        if "speculative_config" in kwargs:
-            top["speculative"] = SpeculativeConfig.from_value(kwargs.pop("speculative_config"))
+        given: dict[type, dict[str, Any]] = {owner: {} for owner in _SECTIONS}
+        for spec in engine_options():
+            if spec.name in kwargs:
+                given[spec.owner][spec.field] = kwargs.pop(spec.name)
         if kwargs:
             raise TypeError(f"unknown engine options: {sorted(kwargs)}")
-        return cls(
-            model=ModelConfig(model=model, **sections[ModelConfig]),
-            cache=CacheConfig(**sections[CacheConfig]),
-            scheduler=SchedulerConfig(**sections[SchedulerConfig]),
-            parallel=ParallelConfig(**sections[ParallelConfig]),
-            **top,
-        )
+        return cls(model=ModelConfig(model=model, **given[ModelConfig]), cache=CacheConfig(**given[CacheConfig]),
+                   scheduler=SchedulerConfig(**given[SchedulerConfig]),
+                   parallel=ParallelConfig(**given[ParallelConfig]), **given[EngineConfig])
+
+
+# The dataclasses declaring the engine's options: EngineConfig's sections, then EngineConfig itself
+_SECTIONS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, EngineConfig)
+
+
+def engine_options() -> tuple:
+    """Every option of the engine (``LLM(...)``'s keywords besides ``model``), each declared once on
+    its field: ModelConfig's, CacheConfig's, SchedulerConfig's, ParallelConfig's, then EngineConfig's."""
+    return tuple(spec for section_cls in _SECTIONS for spec in declared(section_cls))
 
 
 def _positive_int(value: object) -> bool:

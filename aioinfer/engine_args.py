@@ -3,16 +3,20 @@ command-line flags for them, so that scripts written against vLLM (``EngineArgs.
 then ``LLM(**vars(args))``) run with the import changed.
 
 The flags are the ones ``aioinfer serve`` takes for the engine (``--max-model-len``, ``-tp``,
-``--enforce-eager`` / ``--no-enforce-eager``, ...), plus ``--model``. An option not given is left
-out of the parsed namespace altogether (``argparse.SUPPRESS``), so ``LLM(**vars(args))`` keeps the
-engine's own default for it. vLLM's options that mean nothing here are accepted or refused by
-``LLM`` itself (aioinfer/vllm_options.py), not by the parser.
+``--enforce-eager`` / ``--no-enforce-eager``, ...), built from the same declarations (option_flags.py),
+plus ``--model``. An option not given is left out of the parsed namespace altogether
+(``argparse.SUPPRESS``), so ``LLM(**vars(args))`` keeps the engine's own default for it. vLLM's
+options that mean nothing here are accepted or refused by ``LLM`` itself (aioinfer/vllm_options.py),
+not by the parser.
 """
 
 from __future__ import annotations
 
 import argparse
 from typing import Any, Optional
+
+from aioinfer.option_flags import add_engine_flags, add_model_flag
+from aioinfer.server_config import ENGINE_OPTIONS
 
 
 class EngineArgs:
@@ -25,18 +29,13 @@ class EngineArgs:
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        from aioinfer.entrypoints.serve_cli import add_engine_flags
-
         group = parser.add_argument_group("engine")
-        group.add_argument("--model", default=argparse.SUPPRESS,
-                           help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+        add_model_flag(group, default=argparse.SUPPRESS)
         add_engine_flags(group, default=argparse.SUPPRESS)
         return parser
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
-        from aioinfer.server_config import ENGINE_OPTIONS
-
         given = vars(args)
         return cls(given.get("model"), **{k: v for k, v in given.items() if k in ENGINE_OPTIONS})
 

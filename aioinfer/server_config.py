@@ -4,6 +4,10 @@ Every engine option of the offline ``LLM`` has one variable (``AIOINFER_MAX_MODE
 ``max_model_len``, ...); docs/server.md lists them all. A malformed value raises ``ValueError``
 naming the variable, so ``hypercorn aioinfer.app:app`` fails at import with a clear message
 instead of serving a misconfigured engine.
+
+Each setting is declared once, as an option on the field that holds it (options.py): the server's
+here, the engine config's in config.py, the async Engine's own keywords in ``AsyncEngineOptions``.
+The variables are read from those declarations, and ``serve``'s flags built from them (option_flags.py).
 """
 
 from __future__ import annotations
@@ -11,173 +15,139 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Union
 
-ENV_PREFIX = "AIOINFER_"
+from aioinfer.options import Spec, declared, option, read_env, string_list_json
 
 
-def speculative_config_json(raw: str) -> dict:
-    """``AIOINFER_SPECULATIVE_CONFIG`` / ``--speculative-config``: vLLM's JSON object
-    (``{"method": "ngram", "num_speculative_tokens": 4, ...}``), checked here so that a bad one fails
-    before anything loads; ValueError names the key."""
-    import json
+@dataclass(frozen=True, slots=True)
+class AsyncEngineOptions:
+    """The async ``Engine``'s own keyword arguments, declared as options for the server's variables and
+    flags. Never built: the Engine takes them as keywords, with its defaults and checks
+    (async_engine/engine.py); None here means the Engine's default, which the help names
+    (tests/test_options.py holds the two together)."""
 
-    from aioinfer.config import SpeculativeConfig
-
-    SpeculativeConfig.from_value(raw)
-    return json.loads(raw)
-
-
-def string_list_json(raw: str) -> tuple[str, ...]:
-    """``--allowed-origins`` and its siblings: vLLM's JSON list of strings (``'["https://a.example"]'``)."""
-    import json
-
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = None
-    if not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
-        raise ValueError(f"expected a JSON list of strings such as '[\"https://app.example\"]', got {raw!r}")
-    return tuple(value)
+    max_waiting_requests: Optional[int] = option(None, help="admission bound: queued requests before 429 "
+                                                 "(default: 512)")
+    max_waiting_prompt_tokens: Optional[int] = option(None, help="admission bound: queued prompt tokens before "
+                                                      "429 (default: 262144)")
+    stream_buffer_size: Optional[int] = option(None, help="deltas buffered per request before merging (default: 64)")
+    stream_interval: Optional[int] = option(None, help="tokens per streamed chunk (1: every token at once; more: "
+                                            "fewer chunks under load; default: 1)")
+    stall_timeout: Optional[float] = option(None, help="seconds a stalled streaming client is kept before its "
+                                            "request is aborted (default: 30)")
+    host_cpu: Optional[int] = option(None, help="run the event loop's thread and the GPU thread on this one CPU "
+                                     "(Linux; default: where the OS puts them)")
+    fault_inject_step: Optional[int] = option(None, flag=False, help="tests only: the step loop fails at this step")
 
 
-# vLLM's size suffixes: lowercase, powers of 1000 (decimals allowed); uppercase, powers of 1024 (whole numbers)
-_DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+def engine_option_specs() -> tuple[Spec, ...]:
+    """The options an engine of the server takes (``Engine(**engine_kwargs)``): the engine config's and
+    the async Engine's own."""
+    from aioinfer.config import engine_options
+
+    return (*engine_options(), *declared(AsyncEngineOptions))
 
 
-def human_readable_int(raw: str) -> int:
-    """vLLM's integers for --max-model-len and --max-num-batched-tokens: ``4096``, or with a suffix,
-    case-sensitive as vLLM's: ``2k`` = 2000 and ``25.6k`` = 25600 (k, m, g, t: powers of 1000, decimals
-    allowed, the product truncated as vLLM's is), ``32K`` = 32768 (K, M, G, T: powers of 1024, whole
-    numbers only). ValueError for anything else."""
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        return raw
-    from decimal import Decimal
-
-    text = str(raw).strip()
-    number, suffix = text[:-1], text[-1:]
-    if suffix in _DECIMAL_SUFFIXES and _is_number(number, decimals=True):
-        return int(Decimal(number) * _DECIMAL_SUFFIXES[suffix])  # Decimal: "1.001k" is 1001, not 1000
-    if suffix in _BINARY_SUFFIXES and _is_number(number, decimals=False):
-        return int(number) * _BINARY_SUFFIXES[suffix]
-    if _is_number(text.removeprefix("-"), decimals=False):
-        return int(text)
-    hint = (f" (decimals only with k, m, g, t: {number}{suffix.lower()} is {number} x 1000)"
-            if suffix in _BINARY_SUFFIXES and _is_number(number, decimals=True) else "")
-    raise ValueError(f"expected an integer such as 4096, 2k (2000) or 32K (32768), got {raw!r}{hint}")
-
-
-def context_length(raw: str) -> int:
-    """--max-model-len: ``human_readable_int``; vLLM's ``auto`` / ``-1`` (the longest context that fits
-    in memory) is refused with what to do instead."""
-    if str(raw).strip().lower() in ("auto", "-1"):
-        raise ValueError(f"{raw!r} (vLLM: the longest context that fits in memory) is not supported: leave "
-                         "the option out for the model's own context length, or give a length")
-    return human_readable_int(raw)
-
-
-def _is_number(text: str, decimals: bool) -> bool:
-    whole, _, fraction = text.partition(".") if decimals else (text, "", "")
-    return whole.isascii() and whole.isdigit() and (not fraction or (fraction.isascii() and fraction.isdigit()))
-
-
-# Engine options (passed to Engine(**engine_kwargs)) and their types. None of them is set unless
+# Engine options (passed to Engine(**engine_kwargs)) and their parsers. None of them is set unless
 # asked for, so the engine's own defaults stay the single source of truth.
-ENGINE_OPTIONS: dict[str, type] = {
-    "dtype": str,
-    "generation_config": str,
-    "max_model_len": context_length,
-    "max_logprobs": int,
-    "block_size": int,
-    "num_kv_blocks": int,
-    "max_num_seqs": int,
-    "max_num_batched_tokens": human_readable_int,
-    "device": str,
-    "cpu_threads": int,
-    "load_format": str,
-    "seed": int,
-    "tokenizer": str,
-    "gpu_memory_utilization": float,
-    "cpu_kv_cache_gib": float,
-    "attention_backend": str,
-    "enforce_eager": bool,
-    "async_scheduling": bool,
-    "data_parallel_size": int,
-    "tensor_parallel_size": int,
-    "enable_prefix_caching": bool,
-    "preemption_mode": str,
-    "swap_space_gib": float,
-    "speculative_config": speculative_config_json,
-    "structured_outputs_max_bytes": int,
-    "structured_outputs_compile_timeout": float,
-    # async-engine options
-    "max_waiting_requests": int,
-    "max_waiting_prompt_tokens": int,
-    "stream_buffer_size": int,
-    "stream_interval": int,
-    "stall_timeout": float,
-    "host_cpu": int,
-    "fault_inject_step": int,  # tests only: make the step loop fail at this step
-}
+ENGINE_OPTIONS: dict[str, Any] = {spec.name: spec.parse for spec in engine_option_specs()}
 
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    model: Optional[str] = None  # HF folder, .gguf file or hub id; None: the default model (fetched)
+    """The server's settings, each declared as an option (its ``AIOINFER_*`` variable and ``serve`` flag),
+    and the engine's options as given (``engine_kwargs``, see ENGINE_OPTIONS)."""
+
+    # HF folder, .gguf file or hub id; None: the default model (fetched)
+    model: Optional[str] = option(None, help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     # Name(s) in /v1/models, all accepted as a request's model; responses carry the first (vLLM's
     # --served-model-name takes several). None: engine.model_name
-    served_model_name: Union[str, tuple[str, ...], None] = None
+    served_model_name: Union[str, tuple[str, ...], None] = option(
+        None, parse=str, multi=True, help="name(s) in /v1/models, each accepted as a request's model; responses "
+        "carry the first (default: model basename)")
     # When set, every route but /health, /ready, /metrics needs 'Bearer <key>' with this key or one of
     # these (vLLM's --api-key takes several)
-    api_key: Union[str, tuple[str, ...], None] = None
-    max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413
-    shutdown_grace: float = 10.0  # seconds in-flight requests may run on after SIGTERM before being aborted
-    max_n: int = 64  # upper bound on `n` (each choice is a separate engine request)
+    api_key: Union[str, tuple[str, ...], None] = option(
+        None, parse=str, multi=True, help="require 'Authorization: Bearer KEY' with this key, or one of these keys "
+        "(not on /health, /ready, /metrics)")
+    max_body_bytes: int = option(8 * 1024 * 1024, help="larger request bodies get 413")
+    # seconds in-flight requests may run on after SIGTERM before being aborted
+    shutdown_grace: float = option(10.0, help="seconds in-flight requests may finish after SIGTERM")
+    # upper bound on `n` (each choice is a separate engine request)
+    max_n: int = option(64, help="largest n accepted")
     # Most (token, logprob) entries one response may carry, prompt and output logprobs of every choice
     # together (SamplingParams.logprob_entries); more is a 400 before admission. An entry is ~80 bytes of
     # JSON and ~370 bytes of host memory at the peak of building the response: 2**20 is ~80 MB and ~0.4 GB.
-    max_logprob_entries: int = 1 << 20
-    log_requests: bool = True  # one JSON line per finished request on the "aioinfer.requests" logger
+    max_logprob_entries: int = option(1 << 20, help="most (token, logprob) entries one response may carry, "
+                                      "prompt and output, all choices")
+    # one JSON line per finished request on the "aioinfer.requests" logger
+    log_requests: bool = option(True, disable_flag="--disable-log-requests", help="no per-request JSON log lines")
     # Connections the kernel queues for accept (0: leave the HTTP server's own, hypercorn's 100);
     # entrypoints/openai/listen_backlog.py says why 2048.
-    listen_backlog: int = 2048
+    listen_backlog: int = option(2048, help="connections queued for accept (0: hypercorn's 100)")
     # vLLM's switches of the same names (off by default, as there):
-    enable_request_id_headers: bool = False  # every response carries X-Request-Id (the client's, or a new one)
+    # every response carries X-Request-Id (the client's, or a new one)
+    enable_request_id_headers: bool = option(False, help="add X-Request-Id to every response (the client's, or a "
+                                             "new one)")
     # every stream's chunks carry usage and a usage chunk ends it, whatever stream_options say (vLLM's)
-    enable_force_include_usage: bool = False
-    enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (it shows the chat template)
-    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:<id>" unless a request says no
+    enable_force_include_usage: bool = option(False, help="usage on every chunk of every stream and a usage chunk "
+                                              "at its end, as if stream_options asked for continuous_usage_stats")
+    # GET /tokenizer_info (it shows the chat template)
+    enable_tokenizer_info_endpoint: bool = option(False, help="serve GET /tokenizer_info (the tokenizer's config "
+                                                  "and chat template)")
+    # logprobs name tokens "token_id:<id>" unless a request says no
+    return_tokens_as_token_ids: bool = option(False, help="logprobs name every token 'token_id:<id>' (a "
+                                              "request's own field wins)")
     # Under tool_choice "auto", hold calls to strict functions to their schemas (tool_calls.py
     # strict_calls; vLLM's VLLM_ENFORCE_STRICT_TOOL_CALLING, off there too: such requests then take
     # the constrained path's cost at every step)
-    enforce_strict_tools: bool = False
+    enforce_strict_tools: bool = option(False, help="under tool_choice auto, hold calls to strict functions to "
+                                        "their schemas")
     # vLLM's structured_outputs_config.disable_additional_properties, on by default (vLLM's default
     # backend, xgrammar, behaves so): in a request's JSON schemas, an object that lists its properties
     # takes no other keys unless it says additionalProperties: true; a request's own
     # structured_outputs.disable_additional_properties wins (structured_output/closed_objects.py)
-    disable_additional_properties: bool = True
+    disable_additional_properties: bool = option(
+        True, help="JSON schemas: an object that lists its properties takes no other keys unless it says "
+        "additionalProperties: true (vLLM's default backend's rule; a request's "
+        "structured_outputs.disable_additional_properties wins)")
     # vLLM's --chat-template: a Jinja file, or the template itself, used instead of the tokenizer's
-    chat_template: Optional[str] = None
+    chat_template: Optional[str] = option(None, help="a Jinja file, or the template itself, instead of the "
+                                          "tokenizer's (default: the tokenizer's)")
     # vLLM's CORS options, with the semantics of the Starlette middleware vLLM uses (cors.py): what a
     # page of another origin may send; "*" is any. No origins: CORS off (no page of another origin
     # can read a response or pass a preflight).
-    allowed_origins: tuple[str, ...] = ("*",)
-    allow_credentials: bool = False  # cookies / Authorization from such pages (the Origin is echoed, never "*")
-    allowed_methods: tuple[str, ...] = ("*",)
-    allowed_headers: tuple[str, ...] = ("*",)  # request headers a preflight may ask for
+    allowed_origins: tuple[str, ...] = option(("*",), parse=string_list_json, help="origins whose pages may call "
+                                              "the API, a JSON list; \"*\": any, []: CORS off (default: [\"*\"])")
+    # cookies / Authorization from such pages (the Origin is echoed, never "*")
+    allow_credentials: bool = option(False, help="CORS: pages of allowed origins may send cookies and "
+                                     "Authorization (their origin is echoed instead of \"*\")")
+    allowed_methods: tuple[str, ...] = option(("*",), parse=string_list_json, help="methods a preflight may ask "
+                                              "for, a JSON list (default: [\"*\"], every method)")
+    # request headers a preflight may ask for
+    allowed_headers: tuple[str, ...] = option(("*",), parse=string_list_json, help="request headers a preflight "
+                                              "may ask for, a JSON list (default: [\"*\"], any)")
     # vLLM's --root-path: the prefix a proxy serves the app under; requests work with it or without it
-    root_path: Optional[str] = None
+    root_path: Optional[str] = option(None, help="the path prefix a proxy serves the API under (/llm); requests "
+                                      "may carry it or not (default: none)")
     # vLLM's TLS options (`serve` only: under plain hypercorn, its --certfile, --keyfile, --ca-certs, ...)
-    ssl_keyfile: Optional[str] = None  # PEM private key (None: in ssl_certfile)
-    ssl_certfile: Optional[str] = None  # PEM certificate chain; set: HTTPS only
-    ssl_ca_certs: Optional[str] = None  # PEM CAs that client certificates are checked against
-    ssl_cert_reqs: int = 0  # client certificates: 0 none, 1 optional, 2 required (Python's ssl.CERT_*)
-    ssl_ciphers: Optional[str] = None  # OpenSSL cipher list for TLS <= 1.2 (None: hypercorn's)
+    ssl_keyfile: Optional[str] = option(None, help="PEM private key of --ssl-certfile (default: in the "
+                                        "certificate file)")
+    ssl_certfile: Optional[str] = option(None, help="PEM certificate chain: serve HTTPS (default: plain HTTP)")
+    ssl_ca_certs: Optional[str] = option(None, help="PEM CA certificates that client certificates are checked "
+                                         "against")
+    # client certificates: 0 none, 1 optional, 2 required (Python's ssl.CERT_*)
+    ssl_cert_reqs: int = option(0, help="client certificates: 0 not asked, 1 optional, 2 required (Python's "
+                                "ssl.CERT_*)")
+    # OpenSSL cipher list for TLS <= 1.2 (None: hypercorn's)
+    ssl_ciphers: Optional[str] = option(None, help="OpenSSL cipher list for TLS 1.2 and below (default: "
+                                        "hypercorn's)")
     # vLLM's --enable-ssl-refresh: the certificate, key and CA files are read again when they change
     # (entrypoints/ssl_refresh.py); no effect without ssl_certfile, as in vLLM
-    enable_ssl_refresh: bool = False
+    enable_ssl_refresh: bool = option(False, help="read the --ssl-* files again when they change, for new "
+                                      "connections (no restart)")
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # see ENGINE_OPTIONS
 
     def __post_init__(self) -> None:
@@ -245,18 +215,7 @@ class ServerConfig:
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "ServerConfig":
         env = os.environ if environ is None else environ
-        own = {f.name: f.type for f in fields(cls) if f.name != "engine_kwargs"}
-        values: dict[str, Any] = {}
-        for name in own:
-            raw = _get(env, name)
-            if raw is not None:
-                values[name] = _parse(name, raw, _FIELD_TYPES[name])
-        engine_kwargs = {}
-        for name, typ in ENGINE_OPTIONS.items():
-            raw = _get(env, name)
-            if raw is not None:
-                engine_kwargs[name] = _parse(name, raw, typ)
-        return cls(engine_kwargs=engine_kwargs, **values)
+        return cls(engine_kwargs=read_env(engine_option_specs(), env), **read_env(declared(cls), env))
 
     def resolved_chat_template(self) -> Optional[str]:
         """``chat_template``'s text: the file's content when it names a file, else the value itself,
@@ -311,49 +270,3 @@ class _UnlessRootHandles(logging.StreamHandler):
     def emit(self, record: logging.LogRecord) -> None:
         if not logging.getLogger().handlers:
             super().emit(record)
-
-
-_FIELD_TYPES: dict[str, type] = {
-    "model": str, "served_model_name": str, "api_key": str, "max_body_bytes": int,
-    "shutdown_grace": float, "max_n": int, "max_logprob_entries": int, "log_requests": bool, "listen_backlog": int,
-    "enable_request_id_headers": bool, "enable_force_include_usage": bool, "enable_tokenizer_info_endpoint": bool,
-    "return_tokens_as_token_ids": bool, "enforce_strict_tools": bool, "disable_additional_properties": bool,
-    "chat_template": str,
-    "allowed_origins": string_list_json, "allow_credentials": bool, "allowed_methods": string_list_json,
-    "allowed_headers": string_list_json, "root_path": str, "ssl_keyfile": str, "ssl_certfile": str,
-    "ssl_ca_certs": str, "ssl_cert_reqs": int, "ssl_ciphers": str, "enable_ssl_refresh": bool,
-}
-
-
-def env_name(option: str) -> str:
-    return ENV_PREFIX + option.upper()
-
-
-def _get(env: Mapping[str, str], name: str) -> Optional[str]:
-    raw = env.get(env_name(name))
-    if raw is None or raw.strip() == "":
-        return None  # an empty variable means "not set", as shells make that easy to produce
-    return raw.strip()
-
-
-def _parse(name: str, raw: str, typ: type) -> Any:
-    if typ not in (bool, int, float, str):  # a parser of its own (speculative_config_json), with its own message
-        try:
-            return typ(raw)
-        except ValueError as exc:
-            raise ValueError(f"{env_name(name)}: {exc}") from None
-    try:
-        if typ is bool:
-            lowered = raw.lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if typ is int:
-            return int(raw)
-        if typ is float:
-            return float(raw)
-        return raw
-    except ValueError:
-        raise ValueError(f"{env_name(name)} must be {typ.__name__}, got {raw!r}") from None

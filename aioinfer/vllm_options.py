@@ -7,8 +7,9 @@ changes nothing here is dropped (one log line per option and process); one whose
 change the result, but which aioinfer does not implement, is a ``ValueError`` naming it, never a
 silent difference. Unknown options stay a ``TypeError`` (EngineConfig.from_kwargs).
 
-``aioinfer serve`` takes the same options as vLLM's flags (entrypoints/vllm_serve_flags.py), with the
-same reasons: one table, so that a script and a command line are told the same thing.
+``aioinfer serve`` and ``EngineArgs`` take the same options as vLLM's flags (``VLLM_ENGINE_FLAGS``, built
+into flags by option_flags.py), with the same reasons: one table, so that a script and a command
+line are told the same thing.
 """
 
 from __future__ import annotations
@@ -134,6 +135,38 @@ def _offline_structured_outputs_config(value: Any) -> None:
 CHECKED: dict[str, Callable[[Any], None]] = {
     "structured_outputs_config": _offline_structured_outputs_config,
     "guided_decoding_backend": check_structured_outputs_backend,  # vLLM's older name for the backend
+}
+
+
+# vLLM's engine options above as flags: option -> (value type, short forms, help; None: a generic line).
+# bool: a --x / --no-x switch; another callable: a parser of its own (vLLM's JSON argument), which checks too.
+VLLM_ENGINE_FLAGS: dict[str, tuple[Any, tuple[str, ...], Optional[str]]] = {
+    "trust_remote_code": (bool, (), "accepted for vLLM's command lines; no effect (no model code is ever "
+                                    "downloaded)"),
+    "enable_chunked_prefill": (bool, (), "accepted; prefill is always chunked within the step's token budget "
+                                         "(--no-enable-chunked-prefill is refused)"),
+    "disable_log_stats": (bool, (), "accepted; no effect (no periodic stats lines are logged; /metrics is "
+                                    "always served)"),
+    "disable_custom_all_reduce": (bool, (), None),
+    "enable_lora": (bool, (), None),
+    "skip_tokenizer_init": (bool, (), None),
+    "quantization": (str, ("-q",), "not implemented: refused (a quantized GGUF file loads, dequantized)"),
+    "kv_cache_dtype": (str, (), "auto only (the KV cache is kept in the model's dtype)"),
+    "cpu_offload_gb": (float, (), None),
+    "pipeline_parallel_size": (int, ("-pp",), None),
+    "tokenizer_mode": (str, (), None),
+    "revision": (str, (), None),
+    "tokenizer_revision": (str, (), None),
+    "distributed_executor_backend": (str, (), None),
+    "download_dir": (str, (), None),
+    "scheduling_policy": (str, (), None),
+    "max_seq_len_to_capture": (int, (), None),
+    "reasoning_parser": (str, (), "not implemented yet: refused"),
+    # vLLM's JSON; also its dotted .backend (option_flags.py)
+    "structured_outputs_config": (check_structured_outputs_config, (), "vLLM's JSON, checked: backend auto or "
+                                  "guidance (llguidance, the one here); its disable_additional_properties sets "
+                                  "--[no-]disable-additional-properties"),
+    "guided_decoding_backend": (str, (), "vLLM's older flag: auto or guidance (llguidance, the one here)"),
 }
 
 

@@ -8,7 +8,7 @@ argv: max_cuda_graph_prefill_tokens, async scheduling (0/1), [model]. DIAG_VARIA
 token graphs exist: base; noreplay (captured, never replayed); decfirst (decode graphs captured
 first); decfirst_sep / sep (separate memory pools); drop (token graphs destroyed before timing).
 Written to find why 7b batch-1 decode graphs replay slower when token graphs are captured
-(docs/performance.md, fourth session).
+(H200, 2026-11-29).
 """
 import os
 import statistics

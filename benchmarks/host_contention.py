@@ -1,5 +1,5 @@
 """Does the engine thread's Python run slower while other threads work, and which kind of work?
-(docs/performance.md, "Tenth session": beside llguidance's mask fill, the constrained 0.5b engine
+(H200, 2026-12-02: beside llguidance's mask fill, the constrained 0.5b engine
 thread's ordinary scheduling code ran 40-75 % slower.)
 
     python -m benchmarks.host_contention --tokenizer FOLDER [--threads 12] [--repeats 3]

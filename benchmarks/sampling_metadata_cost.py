@@ -17,7 +17,7 @@ import time
 import torch
 
 from aioinfer import SamplingParams
-from aioinfer.worker.sampling_metadata import SamplingMetadata, SamplingMetadataCache, SamplingRow
+from aioinfer.sample.sampling_metadata import SamplingMetadata, SamplingMetadataCache, SamplingRow
 
 VOCAB = 151936  # Qwen2.5
 

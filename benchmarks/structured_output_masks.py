@@ -20,8 +20,8 @@ from aioinfer.fetch import fetch_default_model
 from aioinfer.sampling_params import SamplingParams
 from aioinfer.structured_output import StructuredOutputsParams
 from aioinfer.structured_output.compiler import GrammarCompiler
-from aioinfer.worker.grammar_mask import GrammarMasks
-from aioinfer.worker.sampling_metadata import SamplingRow
+from aioinfer.structured_output.grammar_mask import GrammarMasks
+from aioinfer.sample.sampling_metadata import SamplingRow
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags", "address"],
           "properties": {"name": {"type": "string", "maxLength": 40},

@@ -23,7 +23,7 @@ from aioinfer.core.scheduler import Scheduler
 from aioinfer.engine.engine_core import EngineCore
 from aioinfer.structured_output import StructuredOutputsParams
 from aioinfer.worker import model_runner
-from aioinfer.worker.grammar_mask import GrammarMasks
+from aioinfer.structured_output.grammar_mask import GrammarMasks
 from benchmarks.common import SHAPES, default_device, fresh_cache_salt, make_llm, workload1, write_dummy_model
 from benchmarks.offline_throughput import STRUCTURED_SCHEMAS
 

@@ -6,7 +6,7 @@
 
 Every constrained run sits between two free ones (the forms' order turned each round), and its
 ratio is to their mean. One engine for every run, so that the machine's drift between engines
-(the H200 host gave 41.7-60.8k tok/s for the same free run in one session) falls on both sides of
+(the H200 host gave 41.7-60.8k tok/s for the same free run within an hour) falls on both sides of
 each ratio alike; every run has a fresh prefix-cache salt. Per run: tok/s, engine steps, the
 engine thread's CPU ms per step and the grammar worker's advance + masks ms per step. The ratio
 reported is the median over rounds.

@@ -1,7 +1,7 @@
 """llguidance's executor on this host: masks and advances for 256 matchers of the free-strings schema
 (random allowed tokens), by thread count and by how the matchers were made: K deep copies' templates
 (``deep_copy`` of K independently built matchers; copies share their template's lexer state) or 0 =
-each matcher built on its own (what the compiler does since the ninth session).
+each matcher built on its own (what the compiler does).
 
     python -m benchmarks.structured_output_threads TOKENIZER_FOLDER [THREADS=1,4,8,12,15] [K=1,16,0]
 """

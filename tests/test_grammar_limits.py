@@ -1,5 +1,5 @@
 """The bounds on what a constraint may cost (structured_output/limits.py, compile_threads.py,
-compiler.py) and the engine's view of a grammar that fails mid-output (worker/grammar_mask.py).
+compiler.py) and the engine's view of a grammar that fails mid-output (structured_output/grammar_mask.py).
 
 The real server path of each is in tests/test_server_grammar_limits.py; here the pieces, fast."""
 
@@ -21,8 +21,8 @@ from aioinfer.structured_output.compile_threads import CompileBusy, CompileThrea
 from aioinfer.structured_output.compiler import GrammarCompiler
 from aioinfer.structured_output.limits import (MAX_GRAMMAR_RULES, MAX_SCHEMA_DEPTH, ConstraintLimitError,
                                                GrammarLimits, check_size, check_structure)
-from aioinfer.worker.grammar_mask import GrammarMasks, LiveTokens
-from aioinfer.worker.sampling_metadata import SamplingRow
+from aioinfer.structured_output.grammar_mask import GrammarMasks, LiveTokens
+from aioinfer.sample.sampling_metadata import SamplingRow
 
 VOCAB = 49152
 EOS = 2  # SmolLM2's

@@ -1,6 +1,6 @@
 """CUDA: the masks of steps launched ahead reach the apply as it reads them: the slots' pinned host
 rows copied to device rows on a stream of the engine's, waited for before sampling
-(worker/mask_slots.py), give the reference's logits. Steps scheduled ahead (async scheduling, masks
+(structured_output/mask_slots.py), give the reference's logits. Steps scheduled ahead (async scheduling, masks
 deferred to the worker) must give every constrained request the same greedy tokens as lockstep steps
 (masks filled at launch), and every token must be one the grammar accepts: a mask read before its
 copy landed would let a disallowed token through."""
@@ -12,8 +12,8 @@ import torch
 
 from aioinfer import LLM, SamplingParams
 from aioinfer.structured_output import StructuredOutputsParams
-from aioinfer.worker.bitmask_apply import apply_bitmask, apply_bitmask_reference
-from aioinfer.worker.mask_slots import MaskSlots
+from aioinfer.structured_output.bitmask_apply import apply_bitmask, apply_bitmask_reference
+from aioinfer.structured_output.mask_slots import MaskSlots
 from json_schemas import schemas
 from tiny_models import make_tiny_model_dir
 

@@ -1,4 +1,4 @@
-"""The grammar worker thread (worker/grammar_worker.py): masks computed there equal masks computed on
+"""The grammar worker thread (structured_output/grammar_worker.py): masks computed there equal masks computed on
 the calling thread, the matchers take the collected tokens first, an error reaches the engine, and
 the thread ends when its owner closes it or is dropped (an engine per test must not leave one)."""
 
@@ -13,9 +13,9 @@ import torch
 from aioinfer import SamplingParams
 from aioinfer.structured_output import StructuredOutputsParams
 from aioinfer.structured_output.compiler import GrammarCompiler
-from aioinfer.worker.grammar_mask import GrammarMasks
-from aioinfer.worker.grammar_worker import GrammarWorker, HANDOFF, MaskJob
-from aioinfer.worker.sampling_metadata import SamplingRow
+from aioinfer.structured_output.grammar_mask import GrammarMasks
+from aioinfer.structured_output.grammar_worker import GrammarWorker, HANDOFF, MaskJob
+from aioinfer.sample.sampling_metadata import SamplingRow
 
 VOCAB = 49152
 

@@ -1,4 +1,5 @@
-"""aioinfer's modules import one another without cycles, read from the source (no import is run).
+"""aioinfer's modules import one another without cycles and down the stack of rooms, read from the
+source (no import is run).
 
 Every ``import`` statement counts, the ones inside functions included: a lazy import that closes a
 cycle still ties the two modules into one concept that cannot be read, tested or moved alone.
@@ -157,3 +158,85 @@ def test_engine_packages_import_downwards_only():
     upward = [f"{a} -> {b}" for a, targets in sorted(graph.items()) for b in sorted(targets)
               if layer(a) is not None and layer(b) is not None and layer(b) > layer(a)]
     assert not upward, "imports against the layering:\n" + "\n".join(upward)
+
+
+# The whole stack, bottom to top (issue 57): a module may import its own room and the rooms of the
+# levels below its own, never a room above. Rooms of one level are independent of each other, except
+# for the arrows ``SIDEWAYS`` lists. Rooms not placed in the stack yet (``distributed``, whose
+# tensor-parallel runner still imports worker/ and engine/ until the executor layer takes it;
+# ``spec_decode``, which core/ imports; ``text``, placed by the test above; ``utils``; the top-level
+# modules) are not checked here.
+STACK: list[tuple[str, ...]] = [
+    ("aioinfer.attention", "aioinfer.core"),
+    ("aioinfer.layers",),
+    ("aioinfer.models",),
+    ("aioinfer.sample", "aioinfer.structured_output"),
+    ("aioinfer.worker",),
+    # ("aioinfer.executor",) goes here once it exists.
+    ("aioinfer.engine",),
+    ("aioinfer.async_engine",),
+    ("aioinfer.data_parallel",),
+    ("aioinfer.entrypoints",),
+]
+
+# Arrows between two rooms of one level, (importer, imported): the one direction allowed, and why.
+SIDEWAYS: dict[tuple[str, str], str] = {
+    ("aioinfer.structured_output", "aioinfer.sample"):
+        "the grammar-mask runtime shapes the logits the sampler sees: it builds on the sampler's per-row "
+        "records (SamplingRow, SamplingMetadata, host_to_device) and its plain-greedy test; sampling "
+        "knows nothing of grammars",
+}
+
+# Upward arrows still in the tree, (importing module, imported module): each with its reason. The test
+# fails when one is gone, so that the list only shrinks.
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}  # none left
+
+
+def _stack_room(module: str) -> tuple[int, str] | None:
+    for level, rooms in enumerate(STACK):
+        for room in rooms:
+            if module == room or module.startswith(room + "."):
+                return level, room
+    return None
+
+
+def stack_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every (importer, imported) arrow that runs up the stack or sideways without leave."""
+    found = []
+    for a, targets in sorted(graph.items()):
+        for b in sorted(targets):
+            room_a, room_b = _stack_room(a), _stack_room(b)
+            if room_a is None or room_b is None or room_a[1] == room_b[1]:
+                continue
+            upward = room_b[0] > room_a[0]
+            sideways = room_b[0] == room_a[0] and (room_a[1], room_b[1]) not in SIDEWAYS
+            if upward or sideways:
+                found.append((a, b))
+    return found
+
+
+def test_the_stack_imports_downwards_only():
+    graph = import_graph()
+    for rooms in STACK:
+        for room in rooms:
+            assert room in graph, f"{room} is in STACK but not in the tree"
+    violations = stack_violations(graph)
+    new = [f"    {a} -> {b}" for a, b in violations if (a, b) not in KNOWN_UPWARD]
+    assert not new, "imports against the stack (bottom to top: " + " <- ".join(
+        ", ".join(r.removeprefix("aioinfer.") for r in rooms) for rooms in STACK) + "):\n" + "\n".join(new)
+    stale = sorted(set(KNOWN_UPWARD) - set(violations))
+    assert not stale, f"KNOWN_UPWARD lists arrows that are gone: {stale}"
+    for (a, b) in SIDEWAYS:
+        level_a, level_b = _stack_room(a), _stack_room(b)
+        assert level_a and level_b and level_a[0] == level_b[0], f"SIDEWAYS {a} -> {b} is not within one level"
+        assert (b, a) not in SIDEWAYS, f"SIDEWAYS allows both {a} -> {b} and back"
+
+
+def test_the_stack_check_catches_upward_and_sideways_arrows():
+    graph = {"aioinfer.worker.model_runner": {"aioinfer.sample.sampler", "aioinfer.engine.engine_core"},
+             "aioinfer.sample.sampler": {"aioinfer.structured_output.grammar_mask"},
+             "aioinfer.structured_output.grammar_mask": {"aioinfer.sample.sampling_metadata"},
+             "aioinfer.core.scheduler": {"aioinfer.attention.metadata"}}
+    assert stack_violations(graph) == [("aioinfer.core.scheduler", "aioinfer.attention.metadata"),
+                                       ("aioinfer.sample.sampler", "aioinfer.structured_output.grammar_mask"),
+                                       ("aioinfer.worker.model_runner", "aioinfer.engine.engine_core")]

@@ -1,4 +1,4 @@
-"""The slots the masks of steps launched ahead live in (worker/mask_slots.py): taken in turn, grown
+"""The slots the masks of steps launched ahead live in (structured_output/mask_slots.py): taken in turn, grown
 (never shrunk or freed while the engine runs) when a step has more rows than they hold, a slot
 taken before the growth still read from its own rows, and on the CPU the rows the apply reads are
 the host rows themselves; llguidance's default thread count."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from aioinfer.worker.grammar_mask import default_grammar_threads
-from aioinfer.worker.mask_slots import MaskSlots
+from aioinfer.structured_output.grammar_mask import default_grammar_threads
+from aioinfer.structured_output.mask_slots import MaskSlots
 
 
 def test_slots_alternate_and_a_slot_is_its_own_rows_again_two_takes_later():

@@ -1,4 +1,4 @@
-"""The fused masked greedy kernel (worker/masked_greedy.py) against the three steps it replaces
+"""The fused masked greedy kernel (structured_output/masked_greedy.py) against the three steps it replaces
 (apply the bitmask, ``float()``, ``argmax``): token-identical, ties included.
 
 On a machine without CUDA but with triton, the Triton interpreter runs it on CPU tensors
@@ -17,7 +17,7 @@ if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is defined
 pytest.importorskip("triton")
 
-from aioinfer.worker.masked_greedy import BLOCK, masked_greedy, masked_greedy_reference  # noqa: E402
+from aioinfer.structured_output.masked_greedy import BLOCK, masked_greedy, masked_greedy_reference  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
 
@@ -78,7 +78,7 @@ def test_engine_tokens_equal_with_the_fused_path(tmp_path_factory, monkeypatch, 
     from aioinfer import LLM, SamplingParams
     from aioinfer.structured_output import StructuredOutputsParams
     from aioinfer.worker import model_runner
-    from aioinfer.worker.masked_greedy import MaskedGreedy
+    from aioinfer.structured_output.masked_greedy import MaskedGreedy
     from tiny_models import make_tiny_model_dir
 
     folder = make_tiny_model_dir(tmp_path_factory.mktemp("tiny"), "qwen2")

@@ -11,7 +11,7 @@ import torch
 
 from aioinfer import LLM, SamplingParams
 from aioinfer.engine.output_processor import OutputProcessor
-from aioinfer.worker.prompt_logprobs import rows_per_slice
+from aioinfer.sample.prompt_logprobs import rows_per_slice
 from tiny_models import VOCAB_SIZE, make_tiny_model_dir
 
 TOLERANCE = 1e-4
@@ -132,7 +132,7 @@ def test_preempted_mid_prefill_keeps_its_rows_and_computes_none_twice(model_dir,
 
 def test_slices_bound_the_logits_of_a_chunk(model_dir, hf, monkeypatch):
     """A chunk scored in slices of a few rows (as a large vocabulary would make them) is the same."""
-    from aioinfer.worker import prompt_logprobs
+    from aioinfer.sample import prompt_logprobs
 
     monkeypatch.setattr(prompt_logprobs, "SLICE_BYTES", 3 * 8 * VOCAB_SIZE)  # 2 rows of 4 top entries a slice
     limit = rows_per_slice(VOCAB_SIZE, 4)

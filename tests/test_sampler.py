@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from aioinfer.sampling_params import SamplingParams
-from aioinfer.worker.sampler import Sampler, greedy_sample, process_logits, sampling_probs
-from aioinfer.worker.sampling_metadata import SamplingMetadata, SamplingRow, mix_seed
+from aioinfer.sample.sampler import Sampler, greedy_sample, process_logits, sampling_probs
+from aioinfer.sample.sampling_metadata import SamplingMetadata, SamplingRow, mix_seed
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -408,7 +408,7 @@ def test_input_logits_not_modified():
 
 
 def test_skips_work_no_row_needs(monkeypatch):
-    import aioinfer.worker.sampler as sampler_mod
+    import aioinfer.sample.sampler as sampler_mod
 
     rows = [make_row(temperature=0, prompt=[], output=[]), make_row(temperature=0)]
     md = SamplingMetadata.build(rows, V, "cpu")
@@ -445,7 +445,7 @@ def test_no_host_sync_on_cuda():
 
 # ----------------------------------------------------------------------------- seeded noise
 
-from aioinfer.worker import seeded_noise  # noqa: E402
+from aioinfer.sample import seeded_noise  # noqa: E402
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -510,7 +510,7 @@ def test_triton_kernel_interpreted_matches_torch():
 
     code = (
         "import torch\n"
-        "from aioinfer.worker import seeded_noise as sn\n"
+        "from aioinfer.sample import seeded_noise as sn\n"
         "keys = torch.tensor([sn.noise_key(s, t) for s, t in [(0, 0), (1, 0), (-1, 5), (1 << 70, 3), (7, 999)]])\n"
         "for vocab, block in [(1, 16), (1000, 256), (3001, 1024)]:\n"
         "    bits = sn.seeded_exponential_triton(keys, vocab, block=block, raw_bits=True)\n"

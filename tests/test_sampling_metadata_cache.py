@@ -10,7 +10,7 @@ import dataclasses
 import torch
 
 from aioinfer.sampling_params import SamplingParams
-from aioinfer.worker.sampling_metadata import SamplingMetadata, SamplingMetadataCache, SamplingRow
+from aioinfer.sample.sampling_metadata import SamplingMetadata, SamplingMetadataCache, SamplingRow
 
 V = 40
 CPU = torch.device("cpu")

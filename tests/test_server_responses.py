@@ -91,8 +91,7 @@ def test_instructions_and_a_tool_call_history(smollm2_client):
 
 
 def test_text_beside_tools_streams_as_written(smollm2_client):
-    """With tools, a text answer's deltas come as it is written (they came at the end before the
-    twenty-third session) and add up to the unstreamed answer."""
+    """With tools, a text answer's deltas come as it is written (not all at the end) and add up to the unstreamed answer."""
     args = dict(model=MODEL, input="Say hello to me in one sentence.", tools=[TOOL], max_output_tokens=40,
                 temperature=0)
     response = smollm2_client.responses.create(**args)
@@ -128,7 +127,7 @@ def test_required_function_tool(smollm2_client, stream):
 
 def test_a_named_functions_arguments_stream_as_written(smollm2_client):
     """A named function's call is opened at once and its arguments sent as the model writes them, as
-    OpenAI streams them (before the twenty-fourth session the call came whole at the end); the SDK's
+    OpenAI streams them (not whole at the end); the SDK's
     stream helper joins them into the unstreamed call."""
     args = dict(model=MODEL, input="What is the weather in Paris?", tools=[TOOL], max_output_tokens=40,
                 tool_choice={"type": "function", "name": "get_weather"}, temperature=0)
@@ -166,7 +165,7 @@ def test_langchain_on_the_responses_api(smollm2_server):
     chunks = list(bound.stream("What is the weather in Paris?"))
     joined = sum(chunks[1:], chunks[0])
     pieces = [piece["args"] for c in chunks for piece in c.tool_call_chunks if piece.get("args")]
-    assert len(pieces) > 3  # the arguments as they were written (one piece before the twenty-fourth session)
+    assert len(pieces) > 3  # the arguments as they were written, not in one piece
     assert [(call["name"], call["args"]) for call in joined.tool_calls] == [
         (call["name"], call["args"]) for call in message.tool_calls]
 

@@ -107,8 +107,7 @@ def test_auto_and_none(smollm2_client, stream):
 
 
 def test_streams_beside_tools_as_written(smollm2_client):
-    """With tools, a text answer streams token by token (it came whole at the end before the
-    twenty-third session) and a named call's arguments as they are written; each adds up to the same
+    """With tools, a text answer streams token by token (not whole at the end) and a named call's arguments as they are written; each adds up to the same
     request's unstreamed message, and logprobs come for every token."""
     hello = [{"role": "user", "content": "Say hello to me in one sentence."}]
     args = dict(model=MODEL, messages=hello, tools=TOOLS, tool_choice="auto", temperature=0, max_tokens=40)

@@ -16,8 +16,8 @@ import torch
 from aioinfer import LLM, SamplingParams
 from aioinfer.structured_output import InvalidGrammarError, StructuredOutputsParams
 from aioinfer.structured_output.compiler import GrammarCompiler
-from aioinfer.worker.grammar_mask import GrammarMasks
-from aioinfer.worker.sampling_metadata import SamplingRow
+from aioinfer.structured_output.grammar_mask import GrammarMasks
+from aioinfer.sample.sampling_metadata import SamplingRow
 from json_schemas import schemas
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
@@ -397,7 +397,7 @@ def test_async_engine_streams_constrained_requests_scheduled_ahead(smollm2, smol
 def test_bitmask_apply_forms_agree():
     """The torch form (CUDA without Triton) sets exactly the logits the NumPy reference does, every row
     or a subset, the last word's spare bits ignored."""
-    from aioinfer.worker.bitmask_apply import apply_bitmask_reference, apply_bitmask_torch
+    from aioinfer.structured_output.bitmask_apply import apply_bitmask_reference, apply_bitmask_torch
 
     generator = torch.Generator().manual_seed(0)
     vocab = 32 * 7 + 5

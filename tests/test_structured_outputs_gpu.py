@@ -12,8 +12,8 @@ import torch
 from aioinfer import LLM, SamplingParams
 from aioinfer.structured_output import StructuredOutputsParams
 from aioinfer.structured_output.compiler import GrammarCompiler
-from aioinfer.worker.grammar_mask import GrammarMasks
-from aioinfer.worker.sampling_metadata import SamplingRow
+from aioinfer.structured_output.grammar_mask import GrammarMasks
+from aioinfer.sample.sampling_metadata import SamplingRow
 from json_schemas import schemas
 
 pytestmark = pytest.mark.gpu
@@ -56,7 +56,7 @@ def test_gpu_schemas_validate(smollm2_gguf, dtype):
 def test_triton_apply_equals_reference(dtype):
     """One Triton launch sets exactly the logits the CPU reference does (all rows or a subset, in
     float32 and bfloat16, a vocabulary that does not fill its last word), and leaves the rest bit for bit."""
-    from aioinfer.worker.bitmask_apply import apply_bitmask_reference, apply_bitmask_triton
+    from aioinfer.structured_output.bitmask_apply import apply_bitmask_reference, apply_bitmask_triton
 
     generator = torch.Generator().manual_seed(1)
     vocab = 151_936 + 3

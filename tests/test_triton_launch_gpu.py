@@ -17,7 +17,7 @@ def _cuda():
 
 def test_the_apply_through_its_compiled_kernel_equals_the_reference():
     device = _cuda()
-    from aioinfer.worker import bitmask_apply
+    from aioinfer.structured_output import bitmask_apply
 
     vocab = 151936
     num_words = (vocab + 31) // 32
@@ -57,7 +57,7 @@ def test_the_apply_through_its_compiled_kernel_equals_the_reference():
 
 def test_the_noise_through_its_compiled_kernel_equals_its_torch_form():
     device = _cuda()
-    from aioinfer.worker import seeded_noise
+    from aioinfer.sample import seeded_noise
 
     for rows, vocab in ((3, 151936), (8, 151936), (3, 1000)):
         keys = torch.tensor([seeded_noise.noise_key(s, s * 7) for s in range(rows)], dtype=torch.int64)

@@ -5,7 +5,7 @@ they never run Python at the same time, and on two cores each turn hands the loc
 both touch, from one core's caches to the other's. On the H200 (qwen2.5-0.5b, 256 streams, one
 benchmark call) the async ``Engine`` delivered 37.5k tok/s with the threads where the OS put them
 and 44.4k with the process on one core: the GPU thread spent 15.0 instead of 18.0 µs a token, the
-loop 7.5 instead of 9.1 (docs/performance.md). Only these threads are pinned, after the model has
+loop 7.5 instead of 9.1 (2026-12-01). Only these threads are pinned, after the model has
 loaded: the CUDA driver's threads and the tokenizer's pool keep the CPUs they started with. The
 event loop's thread is the caller's: it gets its CPUs back when the last engine pinned to it ends
 (data-parallel replicas share one loop, and every replica's GPU thread goes to the same CPU).

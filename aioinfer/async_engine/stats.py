@@ -6,24 +6,12 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Protocol
 
+from aioinfer.core.scheduler_output import SwapTiming
+
 if TYPE_CHECKING:
     from aioinfer.async_engine.request_channel import RequestChannel
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class SwapTiming:
-    """One KV swap copy (host <-> device) whose timing events have completed."""
-
-    direction: str  # "out" (device -> host) | "in" (host -> device)
-    num_blocks: int  # KV blocks moved (all layers of each)
-    num_bytes: int  # bytes moved by the one copy
-    seconds: float  # the copy alone, timed on its stream (gather / scatter excluded)
-
-    @property
-    def gb_per_s(self) -> float:
-        return self.num_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)

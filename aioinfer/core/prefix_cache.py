@@ -20,7 +20,7 @@ ever seen until the block is handed out again, up to the pool's size (600k+ bloc
 on an H200), and as objects they were the part of the tracked heap that grows with the cache: with
 the start-up heap frozen, as the server does, each full collection of the H200 benchmark process
 still took about 40 ms, the objects made since start-up, of which the cache entries are the ones
-that accumulate (the sixteenth session, docs/performance.md).
+that accumulate (2026-12-04).
 """
 
 from __future__ import annotations

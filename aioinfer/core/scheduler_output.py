@@ -54,6 +54,21 @@ class SwapIn:
     device_block_ids: tuple[int, ...]  # the new block table, in order (same length as the host run)
 
 
+@dataclass(frozen=True, slots=True)
+class SwapTiming:
+    """One KV swap copy (host <-> device) whose timing events have completed: the runner reports it,
+    the engine's statistics carry it to observers."""
+
+    direction: str  # "out" (device -> host) | "in" (host -> device)
+    num_blocks: int  # KV blocks moved (all layers of each)
+    num_bytes: int  # bytes moved by the one copy
+    seconds: float  # the copy alone, timed on its stream (gather / scatter excluded)
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.num_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
 @dataclass(slots=True)
 class SchedulerOutput:
     scheduled: list[ScheduledRequest]

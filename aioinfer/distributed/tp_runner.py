@@ -201,7 +201,7 @@ def _for_workers(scheduler_output):
     """The step as the workers get it: a request's matcher stays here (rank 0 sends its masks)."""
     if not any(new.grammar is not None for new in scheduler_output.new_requests):
         return scheduler_output
-    from aioinfer.worker.grammar_mask import REMOTE_GRAMMAR
+    from aioinfer.structured_output.grammar_mask import REMOTE_GRAMMAR
 
     return dataclasses.replace(scheduler_output, new_requests=[
         dataclasses.replace(new, grammar=REMOTE_GRAMMAR) if new.grammar is not None else new

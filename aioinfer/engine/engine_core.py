@@ -64,7 +64,7 @@ class EngineCore:
         # not scan every running request (~0.25 us each, every step).
         self._needs_known_tokens: list[Request] = []
         # Added requests with a grammar, not yet seen finished, by id: a step scheduled ahead is launched
-        # with its masks deferred until the tokens before it are collected (worker/grammar_mask.py),
+        # with its masks deferred until the tokens before it are collected (structured_output/grammar_mask.py),
         # and one that ends is asked whether its grammar could be kept (``_check_grammar_ends``).
         self._grammar_requests: dict[str, Request] = {}
         self._grammar_sweep_at = 64  # _grammar_requests' length past which it is swept anyway

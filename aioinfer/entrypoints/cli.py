@@ -4,6 +4,10 @@
 downloads it; loading alone takes a while on a CPU): a line, then the start-up phases the engine
 logs. Ctrl-C ends any command quietly with status 130 (the shell's 128 + SIGINT), and a bad setting
 with one ``aioinfer CMD: error: ...`` line: a traceback is for bugs, not for a user's keystroke.
+
+``generate`` and ``chat`` take every engine option ``serve`` takes, as the same flags (``-tp``,
+``--speculative-config``, ...), built from the options' declarations (option_flags.py); absent, an
+option has its default (no ``AIOINFER_*`` variable applies offline).
 """
 
 from __future__ import annotations
@@ -15,30 +19,19 @@ import sys
 import time
 
 
-def _sized(value: str) -> int:
-    """vLLM's sizes (2k = 2000, 32K = 32768), as ``serve`` takes them."""
-    from aioinfer.server_config import human_readable_int
+def _offline_options() -> tuple:
+    """The engine's options ``LLM(...)`` takes, but ``seed``: here ``--seed`` is the sampling seed."""
+    from aioinfer.config import engine_options
 
-    try:
-        return human_readable_int(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return tuple(spec for spec in engine_options() if spec.name != "seed")
 
 
 def _engine_args(parser: argparse.ArgumentParser) -> None:
-    from aioinfer.config import DTYPE_ALIASES, DTYPES
+    from aioinfer.option_flags import add_flags, add_model_flag
 
-    parser.add_argument("--model", default=None, help="HF folder, .gguf file, or the default model's name")
-    parser.add_argument("--dtype", default="auto", choices=[*DTYPES, *DTYPE_ALIASES])  # vLLM's half, float too
-    parser.add_argument("--max-model-len", type=_sized, default=None)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--num-kv-blocks", type=int, default=None)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=_sized, default=8192)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--cpu-threads", type=int, default=None,
-                        help="CPU device: torch intra-op threads (default: 1, the count a busy machine never "
-                             "makes catastrophically slow; more pay only on an idle machine)")
+    group = parser.add_argument_group("engine")
+    add_model_flag(group, field_defaults=True)
+    add_flags(group, _offline_options(), field_defaults=True)
 
 
 def _sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -50,9 +43,7 @@ def _sampling_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _llm_kwargs(args) -> dict:
-    return dict(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, block_size=args.block_size,
-                num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
-                max_num_batched_tokens=args.max_num_batched_tokens, device=args.device, cpu_threads=args.cpu_threads)
+    return {"model": args.model, **{spec.name: getattr(args, spec.name) for spec in _offline_options()}}
 
 
 def _check(args) -> None:
@@ -88,12 +79,15 @@ def _main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="aioinfer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     from aioinfer.entrypoints.serve_cli import add_serve_parser
+    from aioinfer.option_flags import HelpFormatter
 
     add_serve_parser(sub)
     fetch = sub.add_parser("fetch", help="download the default model (SmolLM2-135M-Instruct) into the cache")
     fetch.add_argument("--cache-dir", default=None)
     for name, text in (("generate", "complete prompts offline"), ("chat", "answer one user message offline")):
-        cmd = sub.add_parser(name, help=text)
+        # A one-line usage, as serve's: the full one lists every engine flag
+        cmd = sub.add_parser(name, help=text, formatter_class=HelpFormatter,
+                             usage="%(prog)s [options] PROMPT [PROMPT ...]  (all options: %(prog)s --help)")
         _engine_args(cmd)
         _sampling_args(cmd)
         cmd.add_argument("prompts", nargs="+")

@@ -31,10 +31,10 @@ import ssl
 import sys
 from typing import Any, Collection, NoReturn, Optional
 
-from aioinfer.entrypoints.serve_flags import (SERVER_FLAGS, SERVER_SWITCHES, HelpFormatter, Switch,
-                                             add_engine_flags, add_server_flags, apply_uvicorn_log_level, port,
-                                             server_settings_of_vllm_flags)
+from aioinfer.entrypoints.serve_flags import (HelpFormatter, Switch, add_engine_flags, add_server_flags,
+                                             apply_uvicorn_log_level, port, server_settings_of_vllm_flags)
 from aioinfer.entrypoints.startup_checks import check_settings, failure_line, name_the_setting
+from aioinfer.options import declared
 from aioinfer.server_config import ENGINE_OPTIONS, LOG_FORMAT, ServerConfig
 
 __all__ = ["add_engine_flags", "add_serve_parser", "config_from_args", "run_serve", "serve"]
@@ -49,7 +49,6 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                                    description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                         help="the model, as vLLM takes it (`aioinfer serve MODEL`); same as --model")
-    parser.add_argument("--model", default=None, help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--enable-auto-tool-choice", action=Switch, default=None,
                         help="accepted for vLLM's command lines; no effect (tool calls are always parsed)")
     parser.add_argument("--tool-call-parser", choices=["hermes", "llama3_json"], default=None,
@@ -61,7 +60,6 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     # default None everywhere: an absent flag leaves the AIOINFER_* variable (or the default) in force
     add_server_flags(parser)
     add_engine_flags(parser, default=None)
-    parser.add_argument("--disable-log-requests", action="store_true", help="no per-request JSON log lines")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=run_serve)
     return parser
@@ -76,11 +74,9 @@ def config_from_args(args: argparse.Namespace, environ=None) -> ServerConfig:
     model = args.model if args.model is not None else model_tag
     if model is not None:
         changes["model"] = model
-    for name in [name for name, _, _ in SERVER_FLAGS.values()] + [name for name, _ in SERVER_SWITCHES.values()]:
-        if getattr(args, name, None) is not None:
-            changes[name] = getattr(args, name)
-    if args.disable_log_requests:
-        changes["log_requests"] = False
+    for spec in declared(ServerConfig):
+        if spec.name != "model" and getattr(args, spec.name, None) is not None:
+            changes[spec.name] = getattr(args, spec.name)
     changes.update(server_settings_of_vllm_flags(args))
     engine_kwargs = dict(config.engine_kwargs)
     engine_kwargs.update({k: getattr(args, k) for k in ENGINE_OPTIONS if getattr(args, k, None) is not None})

@@ -11,13 +11,15 @@ background after the server listens, and is then told the same way, as the proce
 from __future__ import annotations
 
 import re
-from dataclasses import fields
 from typing import Collection
 
-from aioinfer.server_config import ENGINE_OPTIONS, ServerConfig, env_name
+from aioinfer.option_flags import flags_of
+from aioinfer.options import declared, env_name
+from aioinfer.server_config import ServerConfig, engine_option_specs
 
-# The settings a message may start with: ServerConfig's fields (model included) and the engine options.
-_SETTINGS = frozenset({f.name for f in fields(ServerConfig)} | set(ENGINE_OPTIONS)) - {"engine_kwargs"}
+# The settings a message may start with: ServerConfig's options (model included) and the engine's,
+# each with the flag that sets it (its main one), where it has a flag.
+_FLAGS = {spec.name: (flags_of(spec) or (None,))[0] for spec in (*declared(ServerConfig), *engine_option_specs())}
 # A config error starts with the option's name (config.py's _check, ServerConfig's checks, the loader's
 # "max_model_len ... exceeds"), then a space or a colon; a JSON option's with a dotted key
 # (speculative_config.method), which no other name takes ("tokenizer.json ..." names a file).
@@ -45,10 +47,10 @@ def name_the_setting(message: str, flags: Collection[str] = ()) -> str:
     ``"dtype must be one of ..."`` reads ``"AIOINFER_DTYPE must be one of ..."``; a message that
     starts with no option name is returned as it is."""
     match = _LEADING_NAME.match(message)
-    if match is None or match.group(1) not in _SETTINGS or (match.group(2) and match.group(1) not in _JSON_OPTIONS):
+    if match is None or match.group(1) not in _FLAGS or (match.group(2) and match.group(1) not in _JSON_OPTIONS):
         return message
     name = match.group(1)
-    setting = "--" + name.replace("_", "-") if name in flags else env_name(name)
+    setting = _FLAGS[name] if name in flags and _FLAGS[name] else env_name(name)
     return setting + message[match.end(1):]
 
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from aioinfer.layers.torch_ops import apply_rotary
 from aioinfer.layers.triton_ops import fused_ops  # imports no triton; fused_ops() does, on first CUDA call
-from aioinfer.models.arch_config import RopeConfig
+from aioinfer.layers.rope_config import RopeConfig
 
 
 def compute_inv_freq(rope: RopeConfig, dim: int, max_position_embeddings: int) -> tuple[torch.Tensor, float]:

@@ -17,7 +17,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from aioinfer.models.arch_config import ArchConfig, RopeConfig
+from aioinfer.layers.rope_config import RopeConfig
+from aioinfer.models.arch_config import ArchConfig
 
 # GGUF general.architecture -> (HF architecture, model_type)
 _GGUF_ARCHS = {

@@ -30,8 +30,8 @@ import torch
 
 from aioinfer.core.scheduler_output import NewRequestData, PromptLogprobRows, ScheduledRequest
 from aioinfer.sampling_params import num_logprobs
-from aioinfer.worker.logprobs import compute_logprobs
-from aioinfer.worker.sampling_metadata import host_to_device
+from aioinfer.sample.logprobs import compute_logprobs
+from aioinfer.sample.sampling_metadata import host_to_device
 
 SLICE_BYTES = 64 << 20  # the most the LM head and the reduction of one slice hold at once, roughly
 

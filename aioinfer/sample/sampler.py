@@ -18,10 +18,10 @@ from typing import Optional
 
 import torch
 
-from aioinfer.worker.logprobs import compute_logprobs
-from aioinfer.worker.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
-from aioinfer.worker.sampling_metadata import SamplingMetadata
-from aioinfer.worker.seeded_noise import seeded_exponential
+from aioinfer.sample.logprobs import compute_logprobs
+from aioinfer.sample.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
+from aioinfer.sample.sampling_metadata import SamplingMetadata
+from aioinfer.sample.seeded_noise import seeded_exponential
 
 
 @dataclass(slots=True)
@@ -48,7 +48,7 @@ class Sampler:
     # Plain greedy steps take the argmax of the logits as they are (bf16 on the GPU) instead of a
     # float32 copy's: the same tokens (a bf16 value is exact in float32), one launch and a [N, V]
     # float32 write fewer (on the H200 at 256 x 151,936: 0.055 ms of device time and 17 µs of CPU
-    # against 0.175 ms and 31 µs; docs/performance.md, twenty-fourth session). Class-wide, so that
+    # against 0.175 ms and 31 µs; 2026-12-05). Class-wide, so that
     # tests and benchmarks can compare it with the float copy's path.
     argmax_raw_logits = True
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from aioinfer.sampling_params import SamplingParams, num_logprobs
-from aioinfer.worker.penalties import PenaltyTensors
-from aioinfer.worker.seeded_noise import noise_key, noise_keys
+from aioinfer.sample.penalties import PenaltyTensors
+from aioinfer.sample.seeded_noise import noise_key, noise_keys
 
 
 @dataclass(slots=True)

@@ -12,15 +12,16 @@ the next one is launched. The masks reach the device in one transfer from pinned
 launched ahead has them in one of two slots made once, copied to the slot's device rows on a stream
 of their own beside the forward (mask_slots.py); a lockstep step copies its buffer on the compute
 stream. ``apply`` sets every disallowed logit to -inf on the device before the sampler sees them
-(so logprobs are those of the masked distribution, as in vLLM). A request with drafts has one mask per row: the mask after each draft, computed by advancing its matcher through the drafts
-and back (llguidance stops at a draft the grammar rejects, whose rows after are discarded by
-verification anyway, and once the grammar is complete, whose rows after must allow EOS only:
+(so logprobs are those of the masked distribution, as in vLLM). A request with drafts has one mask
+per row: the mask after each draft, computed by advancing its matcher through the drafts and back
+(llguidance stops at a draft the grammar rejects, whose rows after are discarded by verification
+anyway, and once the grammar is complete, whose rows after must allow EOS only:
 ``_extend_past_stops``).
 
 A matcher that meets one of llguidance's limits mid-output (lexer fuel, Earley items a row), or a
 dead end of its grammar, enters its error state, whose mask allows EOS only: the request would end
 with "stop" and text that breaks its constraint. The engine asks ``failure`` about each constrained
-request that ends, and ends it with an error instead (engine_core.py). A matcher is the worker's
+request that ends, and ends it with an error instead (engine/engine_core.py). A matcher is the worker's
 while a job runs (llguidance refuses a second thread: "Already mutably borrowed"), so under async
 scheduling ``start`` looks first, before it hands the matchers over: a matcher in error has had its
 EOS-only mask, so its request has just sampled EOS; only those rows are asked (``_note_failures``),
@@ -45,10 +46,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from aioinfer.worker.bitmask_apply import apply_bitmask
-from aioinfer.worker.grammar_worker import HANDOFF, GrammarWorker, MaskJob
-from aioinfer.worker.mask_slots import MaskSlot, MaskSlots
-from aioinfer.worker.sampling_metadata import SamplingRow, host_to_device
+from aioinfer.structured_output.bitmask_apply import apply_bitmask
+from aioinfer.structured_output.grammar_worker import HANDOFF, GrammarWorker, MaskJob
+from aioinfer.structured_output.mask_slots import MaskSlot, MaskSlots
+from aioinfer.sample.sampling_metadata import SamplingRow, host_to_device
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class GrammarMasks:
         self._last_plan = ([], [], [], [])  # (states, grammar_states, plain, matchers) of the last one-row plan
         self._worker: Optional[GrammarWorker] = None  # its thread and llguidance's executor, made at first use
         # The CPUs llguidance's threads may use: the process's now, before a ``host_cpu`` engine
-        # thread is pinned to one of them (host_cpu.py).
+        # thread is pinned to one of them (async_engine/host_cpu.py).
         self._cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
         self._group = None  # tensor parallelism (``share_over``): rank 0 sends the masks, the others receive
         # For benchmarks: the worker's time a step (advance, masks), the time from masks computed to
@@ -351,8 +352,8 @@ def default_grammar_threads(cpus: Optional[set]) -> int:
     barely shorten them (256 rows of Qwen2.5's vocabulary on the H200 host: 1.29 ms on 2 threads,
     0.99 on 4, 0.87 on 12) while they take CPU time from the engine thread and the worker, whose
     Python bounds the constrained step: in one engine llguidance's own default (80 % of the cores,
-    12 there) gave 0.815 of the free throughput and 4 threads 0.922, ahead in each of 6 rounds (the
-    fifteenth session, docs/performance.md)."""
+    12 there) gave 0.815 of the free throughput and 4 threads 0.922, ahead in each of 6 rounds
+    (2026-12-03, H200)."""
     count = len(cpus) if cpus else (os.cpu_count() or 1)
     return max(1, min(4, count // 2))
 
@@ -367,7 +368,7 @@ def live_tokens(matchers: Sequence, token_ids: Sequence[int], indices: Sequence[
     """(matcher, token) for the rows at ``indices`` (``matchers`` theirs, in order). A stopped matcher
     (complete, or in error: its mask allows EOS only) takes EOS again and stays as it is (llguidance
     1.9), so none is left out: asking each whether it had stopped, 128 calls into llguidance, cost the
-    engine thread ~0.05 ms of a 0.5b constrained step (profiled on the H200, docs/performance.md)."""
+    engine thread ~0.05 ms of a 0.5b constrained step (profiled on the H200, 2026-12-04)."""
     tokens = token_ids if len(indices) == len(token_ids) else [token_ids[i] for i in indices]
     live = LiveTokens(zip(matchers, tokens))
     live.tokens = tokens

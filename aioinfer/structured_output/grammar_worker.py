@@ -6,13 +6,13 @@ masks follow them) and after them. Every such moment is a handoff from the engin
 busy in Python and gives the GIL up only at its next blocking call (any torch call) or after the
 interpreter's switch interval: each cost the engine thread a forced switch and a wait to get the
 GIL back. So this thread does nothing else: the buffers, the masks' copy to the device and the
-timings' bookkeeping are the engine thread's (the twelfth session's H200 probe: the worker's own
-torch calls for the copy took the GIL about four more times a step and cost the 0.5b constrained
-step more than llguidance did; docs/performance.md). A thread at all, rather than the engine thread
+timings' bookkeeping are the engine thread's (an H200 probe, 2026-12-02: the worker's own torch
+calls for the copy took the GIL about four more times a step and cost the 0.5b constrained step
+more than llguidance did). A thread at all, rather than the engine thread
 calling llguidance itself (the GIL released while llguidance computes, but the engine thread waiting
 for it): in one H200 engine that gave 0.756 of the free throughput for the matchers' advance on the
-engine thread and 0.732 for the masks too, against 0.832 with this thread and its turns (the
-nineteenth session).
+engine thread and 0.732 for the masks too, against 0.832 with this thread and its turns
+(2026-12-04).
 
 The thread also owns the executor's making, so that llguidance's pool inherits the CPUs the
 process had when the runner was built, not the one CPU a ``host_cpu`` engine thread is pinned to.

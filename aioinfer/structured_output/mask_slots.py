@@ -6,12 +6,12 @@ collected; the engine copies them to the slot's device rows on a stream of its o
 computes (started by its polls), and the compute stream waits for that copy before the apply reads
 them. With cuda-python the copy, its event and the compute stream's wait are one driver call each.
 The apply reading the pinned host rows itself over the bus (no copy, event or stream wait; the
-landed form in the eighteenth session) is gone: the device paid for it (the apply took 0.10-0.11 ms
+form landed on 2026-12-04) is gone: the device paid for it (the apply took 0.10-0.11 ms
 reading host rows against 0.02-0.07 ms reading device rows, plus a 0.05 ms copy that overlaps the
 forward; H200, 128 rows of Qwen2.5's vocabulary), the engine thread paid about the same either way
 (a launch alone 19-24 µs of its CPU; the copy's three driver calls about 30 µs), and in one engine
 it gave 0.781 and 0.874 of the free throughput against the copy's 0.886 and 0.857 on two slow hosts
-and 0.874 against 0.880 on a faster one (the eighteenth to twentieth sessions, docs/performance.md).
+and 0.874 against 0.880 on a faster one (H200 hosts, 2026-12-04).
 
 Two slots are enough, with nothing to wait for on the host: the engine collects every step (its
 sampled ids synced on) before it launches the step after the next one, and a slot is written only
@@ -19,12 +19,12 @@ after the step that takes it is launched. The step that used the slot before (tw
 launches back) has then been collected, so its copy (which read the host rows) and its apply (which
 read the device rows, on the compute stream before its sampling) are done. The device rows are made
 on the copy stream, which writes them: a block of the compute stream's pool could be one its queued
-kernels still use (the thirteenth session's ring lost 71 tokens to that on 7b).
+kernels still use (a ring of such buffers lost 71 tokens to that on 7b, H200, 2026-12-03).
 
 Made once because a fresh pinned buffer, device buffer and event a step, under a stream context,
 cost the engine thread about 40 µs a constrained step in a hot loop and several times that in the
-step (the fifteenth session: the engine-side path with no grammar work went from 0.86 of the free
-throughput to 0.87-0.98, docs/performance.md).
+step (H200, 2026-12-03: the engine-side path with no grammar work went from 0.86 of the free
+throughput to 0.87-0.98).
 Slots grow (to twice the rows, or the rows needed) when a step has more rows than they hold; the
 old ones are kept until ``close``, since a step in flight may still read them.
 

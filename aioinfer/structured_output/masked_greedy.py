@@ -3,7 +3,7 @@
 A constrained greedy step otherwise takes three launches after its masks are on the device: the
 apply (disallowed logits to -inf, bitmask_apply.py), the sampler's float copy of the logits and
 its argmax. Each costs the engine thread a launch in the step (0.07-0.11 ms of it for the apply
-alone on a slow H200 host, docs/performance.md, twentieth session), and there the engine thread's
+alone on a slow H200 host, 2026-12-04), and there the engine thread's
 Python bounds a 0.5b step. When every sampled row has a mask and sampling is the plain argmax of
 the raw logits (all greedy; no logit_bias, min_tokens, penalties or logprobs), this kernel does
 all three in one: it reads each logits row in blocks, takes the float value of the allowed tokens
@@ -13,7 +13,7 @@ The logits are not modified.
 
 ``MaskedGreedy.enabled`` says whether the model runner takes this path (on: at 256 x 151,936 on the
 H200 it takes 0.065 ms of device time and 27 µs of the engine thread's CPU against the three
-launches' 0.31 ms and 73 µs; docs/performance.md, twenty-fourth session). Class-wide, so that
+launches' 0.31 ms and 73 µs; 2026-12-05). Class-wide, so that
 tests and benchmarks can compare it with the three.
 """
 
@@ -22,9 +22,9 @@ from __future__ import annotations
 import torch
 
 from aioinfer.utils.triton_launch import CompiledLaunch, triton_available
-from aioinfer.worker.bitmask_apply import apply_bitmask_reference
-from aioinfer.worker.sampler import plain_greedy
-from aioinfer.worker.sampling_metadata import SamplingMetadata
+from aioinfer.structured_output.bitmask_apply import apply_bitmask_reference
+from aioinfer.sample.sampler import plain_greedy
+from aioinfer.sample.sampling_metadata import SamplingMetadata
 
 BLOCK = 4096  # tokens a program reads at a time (Qwen2.5's 151,936: 38 blocks a row)
 

@@ -3,23 +3,23 @@
 A full collection traverses every object the collector tracks: after an engine has loaded, its
 start-up heap (torch, transformers, the model, the tokenizer: ~440k objects for the 0.5b model).
 On the H200 host one took 230-270 ms with the GIL held, about once a workload-1 run (1,041 steps):
-0.21-0.26 ms a step, a tenth of the step (the sixteenth session, docs/performance.md). While the
+0.21-0.26 ms a step, a tenth of the step (measured 2026-12-04). While the
 batch runs, the oldest generation's threshold is raised out of reach, so the collector still
 collects the young generations (what the batch itself makes and drops) but never the whole heap;
 the thresholds are restored exactly afterwards, and the full collection the batch held back then
 comes at the next young collection, outside the step loop. ``LLM.generate`` defers for the whole
 call: deferring around its step loop only, the collection held back by one call came while the next
-one tokenized its prompts (the seventeenth session, on the H200).
+one tokenized its prompts (H200, 2026-12-04).
 
 Young collections keep the process's threshold unless ``AIOINFER_GC_YOUNG_THRESHOLD`` says (then
 both here and, for good, in the server: ``apply_young_threshold``). The interpreter's 700 starts one
 whenever 700 more container objects are alive than at the last one, which a step over 256 requests
 passes on its own transient lists; 20,000 was the default for a while, on CPU figures (the engine
-thread's CPU a step 0.590 -> 0.513 ms with the model stubbed, the twenty-fifth session), until the
-GPU hosts said otherwise: on an H100 host the server ran at 16.5-18.4k tok/s with it against
+thread's CPU a step 0.590 -> 0.513 ms with the model stubbed, 2-core CPU, 2026-12-05), until the
+GPU hosts said otherwise (H100, 2026-12-05): the server ran at 16.5-18.4k tok/s with it against
 21.0-21.8k with 700 (5 runs interleaved, its event loop 34-38 against 29-30 µs a token, its GPU
-thread 25-26 against 22-23), and offline at 0.978 of 700 (6 rounds; the twenty-eighth session,
-docs/performance.md): collected less often, a step's garbage outgrows the caches before it is
+thread 25-26 against 22-23; docs/performance.md, "Other measured features"), and offline at 0.978
+of 700 (6 rounds): collected less often, a step's garbage outgrows the caches before it is
 walked. The knob stays for hosts where the balance differs.
 
 Nothing changes in what is freed: reference counting frees as always, and cyclic garbage is

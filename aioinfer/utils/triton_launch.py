@@ -4,13 +4,14 @@ launch made (``CompiledLaunch``).
 ``kernel[grid](*args)`` binds the arguments, computes Triton's specialization and cache key, checks
 the kernel's globals and asks for the device and stream, all in Python, before its C launcher
 runs: about 20 µs in a hot loop, and the structured-output apply (one launch a constrained step)
-took 0.11 ms of the engine thread's step on a slow H200 host (the eighteenth session's per-step
-trace, docs/performance.md), where the engine thread's Python bounds the step. Here the first
+took 0.11 ms of the engine thread's step on a slow H200 host (a per-step trace, 2026-12-04),
+where the engine thread's Python bounds the step. Here the first
 launch for a set of arguments goes through the JIT (compiling if need be) and keeps the
 ``CompiledKernel`` it returns; later launches with the same key call that kernel's launcher
 directly (``CompiledKernel[grid]``, Triton's own form for a compiled kernel), with the current
 stream. In one engine the constrained 0.5b run gave 0.916 of the free throughput with it against
-0.896 through the JIT (10 rounds), and 0.903 against 0.902 in a later call (12 rounds).
+0.896 through the JIT (10 rounds), and 0.903 against 0.902 in a later call (12 rounds; H200,
+2026-12-04).
 
 The key is finer than any specialization Triton makes, so a kept kernel is always one the JIT
 would have chosen: integer and other scalar arguments by value (Triton specializes integers on

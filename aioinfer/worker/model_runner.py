@@ -19,13 +19,13 @@ from aioinfer.core.scheduler_output import RunnerOutput, SchedulerOutput, TokenL
 from aioinfer.core.kv_cache_manager import cdiv
 from aioinfer.sampling_params import MAX_LOGPROBS, num_logprobs
 from aioinfer.worker.cuda_graphs import CudaGraphRunner, graph_buckets, token_buckets
-from aioinfer.worker.grammar_mask import GrammarMasks, PendingMask, StepMask, live_tokens
+from aioinfer.structured_output.grammar_mask import GrammarMasks, PendingMask, StepMask, live_tokens
 from aioinfer.worker.input_buffers import InputBuffers, StepInputs
 from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches, choose_num_blocks
-from aioinfer.worker.masked_greedy import MaskedGreedy, masked_greedy
-from aioinfer.worker.prompt_logprobs import PendingPromptLogprobs, PromptLogprobs
-from aioinfer.worker.sampler import Sampler, SamplerOutput
-from aioinfer.worker.sampling_metadata import SamplingMetadata, SamplingMetadataCache, SamplingRow
+from aioinfer.structured_output.masked_greedy import MaskedGreedy, masked_greedy
+from aioinfer.sample.prompt_logprobs import PendingPromptLogprobs, PromptLogprobs
+from aioinfer.sample.sampler import Sampler, SamplerOutput
+from aioinfer.sample.sampling_metadata import SamplingMetadata, SamplingMetadataCache, SamplingRow
 from aioinfer.worker.swap import KVSwapper, num_host_blocks_for
 
 logger = logging.getLogger(__name__)
@@ -361,7 +361,7 @@ class _Prepared:
     """A step's inputs, copied (or queued to be) but its forward not yet enqueued (``run``); None: nothing to run."""
 
     inputs: Optional[StepInputs]
-    prompt_runs: Optional[list] = None  # prompt-logprob rows to compute after the forward (prompt_logprobs.py)
+    prompt_runs: Optional[list] = None  # prompt-logprob rows to compute after the forward (sample/prompt_logprobs.py)
 
 
 def _verification_rows(states: list[SamplingRow], drafts: list[list[int]]) -> tuple[list[SamplingRow], list[int]]:

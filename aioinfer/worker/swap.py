@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 import torch
 
-from aioinfer.async_engine.stats import SwapTiming
+from aioinfer.core.scheduler_output import SwapTiming
 from aioinfer.config import EngineConfig
 from aioinfer.core.scheduler_output import SwapIn, SwapOut
 from aioinfer.worker.kv_cache import KVCacheSpec

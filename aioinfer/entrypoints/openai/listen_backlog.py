@@ -4,7 +4,7 @@ hypercorn listens with a backlog of 100 unless told otherwise (``--backlog``). W
 connect at once than that, Linux drops the excess handshakes (``ListenOverflows`` in
 /proc/net/netstat) and each of those clients retries after its initial retransmission timeout, one
 second: 256 simultaneous streaming clients on a CPU server lost 10 handshakes so, and their time to
-first token carried the extra second (docs/performance.md). uvicorn, under vLLM's server, listens
+first token carried the extra second (CPU, 2026-12-01). uvicorn, under vLLM's server, listens
 with 2048. ``hypercorn aioinfer.app:app`` gives the app no say in how hypercorn listens, and its
 worker only listens after the app's start-up (asyncio's ``create_server`` calls ``listen(100)``). So
 at start-up the app notes the TCP sockets that are bound but not listening yet, and once each

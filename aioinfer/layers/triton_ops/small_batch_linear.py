@@ -3,7 +3,7 @@
 Why: at batch 1 a decode step is weight reads, and cuBLAS' kernels for these skinny products left
 bandwidth unused on the H200: per layer of qwen2.5-7b, 135 us of cuBLAS against 120 us for this
 kernel (gate_up 71.7 -> 64.1 us = 4.24 TB/s, down 41.0 -> 36.4, o_proj 11.5 -> 9.1 with no split-K
-reduce kernel; benchmarks/gemv_sweep.py, results in docs/performance.md). Each program streams
+reduce kernel; benchmarks/gemv_sweep.py, H200, 2026-11-29). Each program streams
 BLOCK_N whole weight rows once (no split-K, so no second kernel) in BLOCK_K-wide chunks and keeps
 the input row in L1/L2. At 2-8 rows cuBLAS stays ahead except on wide projections (gate_up: 64
 against 70 us), so the layers use the kernel for every projection at 1 row and for wide ones

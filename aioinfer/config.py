@@ -208,7 +208,7 @@ class EngineConfig:
     device: str = option("auto", flag_parse=device_flag, help="auto (cuda when available, else cpu) | cpu | "
                          "cuda | cuda:N")
     # CPU only: torch intra-op threads for this process, set when the model loads (None: one, unless
-    # OMP_NUM_THREADS is set; engine/model_setup.py apply_cpu_threads says why).
+    # OMP_NUM_THREADS is set; executor/model_setup.py apply_cpu_threads says why).
     # Here, not in ModelConfig: like `device`, it says how this process computes, not what the model is.
     cpu_threads: Optional[int] = option(None, help="CPU device: torch intra-op threads (default: 1, or "
                                         "OMP_NUM_THREADS; more pay only on an idle machine)")

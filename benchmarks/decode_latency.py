@@ -93,7 +93,7 @@ def main() -> None:
                 decode_step_floor_s(shape, [args.prompt_len + t] * batch, ceil["copy_bytes_per_s"],
                                     ceil["matmul_flop_per_s"]) for t in range(1, args.new_tokens))
             row = {"system": "aioinfer", "tp": args.tensor_parallel_size,
-                   "cuda_graphs": getattr(llm.engine.runner, "graphs", None) is not None, "batch": batch, "t_first_s": t1, "t_total_s": tn, "tpot_ms": tpot * 1e3,
+                   "cuda_graphs": getattr(llm.engine.executor.runner, "graphs", None) is not None, "batch": batch, "t_first_s": t1, "t_total_s": tn, "tpot_ms": tpot * 1e3,
                    "floor_ms": floor * 1e3, "over_floor": tpot / floor, "tok_per_s": batch / tpot}
             results.append(row)
             print(row, flush=True)

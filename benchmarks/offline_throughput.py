@@ -210,7 +210,7 @@ def run_aioinfer(args, device: str, requests, subset) -> dict[str, Any]:
                       if args.structured_json else None)
         params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.0,
                                  structured_outputs=constraint) for r in reqs]
-        masks = getattr(llm.engine.runner, "grammar_masks", None)
+        masks = getattr(llm.engine.executor.runner, "grammar_masks", None)
         fill_s, fills = (masks.fill_seconds, masks.num_fills) if masks is not None else (0.0, 0)
         drafts = getattr(getattr(llm.engine, "scheduler", None), "draft_policy", None)
         drafted = (drafts.num_draft_tokens, drafts.num_accepted_tokens) if drafts is not None else None

@@ -225,6 +225,9 @@ def main():
     ap.add_argument("--out", type=Path, help="write all rows as JSON here")
     ap.add_argument("--tune", action="store_true", help="also sweep decode configs at the target (7b, batch 64, ctx 4096)")
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--batches", default="1,8,64", help="decode batch sizes (the workload: 1,8,64)")
+    ap.add_argument("--contexts", default="128,1024,4096,16384", help="decode context lengths (the workload's)")
+    ap.add_argument("--prefill-tokens", default="512,4096,16384", help="prefill total tokens (the workload's)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA device")
@@ -247,10 +250,10 @@ def main():
                   (64, 64, 4, 3), (64, 128, 4, 2), (128, 128, 8, 3)]]
     for model in args.models.split(","):
         heads = MODELS[model]
-        for batch in (1, 8, 64):
-            for ctx in (128, 1024, 4096, 16384):
+        for batch in _ints(args.batches):
+            for ctx in _ints(args.contexts):
                 run_decode(model, heads, batch, ctx, gen, rows, tune if (model, batch, ctx) in points else [])
-        for total in (512, 4096, 16384):
+        for total in _ints(args.prefill_tokens):
             run_prefill(model, heads, total, gen, rows, ptune if total == 16384 else ())
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=time.strftime("%Y-%m-%d"), copy_bw=bw, dtype=str(DTYPE), block_size=BLOCK,
@@ -292,6 +295,10 @@ def main():
         sd = f"{r['us_sdpa']:8.1f} {r['us_sdpa'] / r['us']:9.2f}" if r["us_sdpa"] else f"{'-':>8s} {'-':>9s}"
         print(f"{r['model']:13s} {r['kind']:8s} {r['tokens']:6d} {r['seqs']:4d} {r['q_len']:5d} {r['ctx']:5d} "
               f"{r['us']:8.1f} {r['flops'] / (r['us'] * 1e-6) / 1e12:8.1f} {sd}")
+
+
+def _ints(csv: str) -> list[int]:
+    return [int(x) for x in csv.split(",") if x]
 
 
 if __name__ == "__main__":

@@ -46,10 +46,26 @@ def main() -> None:
     p.add_argument("--schema", choices=sorted(STRUCTURED_SCHEMAS), default="strings")
     p.add_argument("--variant", action="append", default=[], help="a name in VARIANTS (repeatable)")
     p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--max-input-len", type=int, default=1024, help="prompt lengths uniform in [100, this]")
+    p.add_argument("--max-output-len", type=int, default=1024, help="output lengths uniform in [100, this]")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    print(json.dumps(run(args)["summary"], indent=1))
+    summary = run(args)["summary"]
+    print(json.dumps(summary, indent=1))
+    print(_table(summary, ["constrained", *args.variant]))
+
+
+def _table(summary: dict[str, Any], forms: list[str]) -> str:
+    """The summary as the table printed last: each form against the free runs beside it."""
+    from benchmarks.common import format_table
+
+    rows = [[form, summary[form]["ratio_median"], " ".join(f"{x:.3f}" for x in summary[form]["ratios"]),
+             summary[form]["tok_per_s_median"], summary[form]["ms_per_step"], summary[form]["worker_ms_per_step"],
+             summary[form]["rejected_tokens"]] for form in forms]
+    rows.append(["free", None, None, summary["free"]["tok_per_s_median"], summary["free"]["ms_per_step"], None, None])
+    return format_table(["form", "ratio to free (median)", "ratios", "tok/s (median)", "ms/step", "worker ms/step",
+                         "rejected tokens"], rows)
 
 
 def run(args) -> dict[str, Any]:
@@ -59,7 +75,7 @@ def run(args) -> dict[str, Any]:
     llm, _ = make_llm(str(folder), device, None, None, max_model_len=2048, max_num_seqs=256,
                       max_num_batched_tokens=8192, gpu_memory_utilization=0.9, tokenizer=args.tokenizer)
     engine = llm.engine
-    masks = engine.runner.grammar_masks
+    masks = engine.executor.runner.grammar_masks
     constraint = StructuredOutputsParams(json=STRUCTURED_SCHEMAS[args.schema])
 
     def timed(requests, constrained: bool) -> dict[str, float]:
@@ -88,7 +104,8 @@ def run(args) -> dict[str, Any]:
 
     warm = workload1(num_requests=4, seed=1, max_input_len=200, max_output_len=110, max_token_id=500)
     timed(warm, False), timed(warm, True)
-    requests = workload1(max_token_id=min(10000, shape.vocab - 1))[: args.num_requests]
+    requests = workload1(max_input_len=args.max_input_len, max_output_len=args.max_output_len,
+                         max_token_id=min(10000, shape.vocab - 1))[: args.num_requests]
     # Once each at full size, untimed: the first such runs were 20-40 % slower on both sides (kernels
     # built for the batch's shapes), which the first round's ratios then carried.
     timed(requests, False), timed(requests, True)

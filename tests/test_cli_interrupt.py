@@ -49,7 +49,7 @@ def run(argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("target", ["aioinfer.engine.model_setup:load_model",
+@pytest.mark.parametrize("target", ["aioinfer.executor.model_setup:load_model",
                                     "aioinfer.engine.engine_core:EngineCore.step_with_details"],
                          ids=["while loading", "while generating"])
 def test_ctrl_c_exits_130_without_a_traceback(model_dir, target):

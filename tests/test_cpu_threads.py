@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from aioinfer.config import EngineConfig
-from aioinfer.engine import model_setup
+from aioinfer.executor import model_setup
 from aioinfer.server_config import ServerConfig
 from server_process import run_server
 from tiny_models import make_tiny_model_dir
@@ -42,7 +42,7 @@ def restore_torch_threads():
 
 
 def test_apply_sets_the_asked_count_and_logs_it(restore_torch_threads, caplog):
-    with caplog.at_level(logging.INFO, logger="aioinfer.engine.model_setup"):
+    with caplog.at_level(logging.INFO, logger="aioinfer.executor.model_setup"):
         assert model_setup.apply_cpu_threads(1) == 1
     assert torch.get_num_threads() == 1
     assert "CPU: 1 torch intra-op thread(s) (cpu_threads=1;" in caplog.text
@@ -66,7 +66,7 @@ def test_a_busy_machine_is_warned_of_once(restore_torch_threads, monkeypatch, ca
     monkeypatch.setattr(model_setup, "_warned_busy", False)
     monkeypatch.setattr(model_setup, "usable_cpus", lambda: 2)
     monkeypatch.setattr(model_setup, "machine_load", lambda: 0.5)
-    with caplog.at_level(logging.WARNING, logger="aioinfer.engine.model_setup"):
+    with caplog.at_level(logging.WARNING, logger="aioinfer.executor.model_setup"):
         model_setup.apply_cpu_threads(1)  # 0.5 + 1 thread fit 2 CPUs: no warning
         assert "oversubscribed" not in caplog.text
         monkeypatch.setattr(model_setup, "machine_load", lambda: 1.5)

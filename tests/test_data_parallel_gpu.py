@@ -36,9 +36,9 @@ async def test_two_replicas_on_two_gpus_equal_the_offline_llm(tmp_path):
     async with DataParallelEngine(path, data_parallel_size=2, device="cuda", **OPTIONS) as engine:
         first, second = engine.replicas
         assert [r.config.device for r in engine.replicas] == ["cuda:0", "cuda:1"]
-        assert first._core.runner.graphs is not None and second._core.runner.graphs is not None
+        assert first._core.executor.runner.graphs is not None and second._core.executor.runner.graphs is not None
         assert {p.device for p in second._core.loaded.model.parameters()} == {torch.device("cuda:1")}
-        assert all(k.device == torch.device("cuda:1") for k, _ in second._core.runner.kv_caches)
+        assert all(k.device == torch.device("cuda:1") for k, _ in second._core.executor.runner.kv_caches)
         results = await generate_all(engine, prompts, params)
         routed = [s["routed"] for s in engine.stats()["replicas"]]
     assert results == expected

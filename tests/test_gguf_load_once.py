@@ -79,7 +79,7 @@ def test_an_engine_load_parses_the_smollm2_gguf_once(smollm2_gguf, smollm2_token
     import gguf
 
     from aioinfer.config import EngineConfig
-    from aioinfer.engine.model_setup import load_for_engine
+    from aioinfer.executor.model_setup import load_for_engine
 
     original = gguf.GGUFReader
     loaded = load_for_engine(EngineConfig.from_kwargs(str(smollm2_gguf), device="cpu", dtype="float32"))

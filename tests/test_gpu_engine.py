@@ -57,7 +57,7 @@ def test_float32_tiny_model_matches_transformers(tmp_path, arch, enforce_eager):
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16),
                                                         use_tqdm=False)]
     assert got == expected
-    assert (llm.engine.runner.graphs is None) == enforce_eager
+    assert (llm.engine.executor.runner.graphs is None) == enforce_eager
 
 
 def _qwen25_05b_config():
@@ -140,7 +140,7 @@ def test_cuda_graphs_and_eager_give_identical_tokens(qwen_05b_dir):
     for eager in (True, False):
         llm = LLM(model=str(qwen_05b_dir), dtype="bfloat16", device="cuda", attention_backend="triton",
                   enforce_eager=eager, max_num_seqs=32, max_num_batched_tokens=2048, num_kv_blocks=2048)
-        assert (llm.engine.runner.graphs is None) == eager
+        assert (llm.engine.executor.runner.graphs is None) == eager
         runs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm
         torch.cuda.empty_cache()
@@ -182,7 +182,7 @@ def test_token_graphs_serve_prefix_hits_and_mixed_steps_like_eager(qwen_05b_dir)
             scored = llm.generate([sequence], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
             forced[eager] = [entry[token].logprob for entry, token in zip(scored.prompt_logprobs[1:], sequence[1:])]
             if not eager:
-                replays = llm.engine.runner.graphs.num_replays
+                replays = llm.engine.executor.runner.graphs.num_replays
                 assert replays["tokens"] > 0 and replays["decode"] > 0, replays
             del llm
             torch.cuda.empty_cache()

@@ -40,7 +40,7 @@ def test_worker_copied_masks_equal_lockstep_masks(tmp_path):
             matcher = llm.inputs.grammars.compile(p.structured_outputs)
             assert matcher.consume_tokens([t for t in ids if t not in eos]), (p.structured_outputs, ids)
         if async_scheduling:
-            assert llm.engine.runner.num_deferred_steps > 0  # the worker's copies were used
+            assert llm.engine.executor.runner.num_deferred_steps > 0  # the worker's copies were used
         llm.shutdown()
     assert tokens[True] == tokens[False]
 

@@ -131,8 +131,8 @@ def _describe(cycle: tuple[str, ...], graph: dict[str, set[str]]) -> str:
 def test_the_graph_sees_lazy_imports_and_skips_type_checking():
     graph = import_graph()
     assert len(graph) > 50
-    # Inside a function (engine_core builds the tensor-parallel runner only when asked for it).
-    assert "aioinfer.distributed.tp_runner" in graph["aioinfer.engine.engine_core"]
+    # Inside a function (model set-up fetches the default model only when asked for it).
+    assert "aioinfer.fetch" in graph["aioinfer.executor.model_setup"]
     # Under ``if TYPE_CHECKING:`` only (the record builder names the channel's type, never imports it).
     assert "aioinfer.async_engine.request_channel" not in graph["aioinfer.async_engine.stats"]
     # ``from package import submodule`` reaches the submodule.
@@ -162,17 +162,18 @@ def test_engine_packages_import_downwards_only():
 
 # The whole stack, bottom to top (issue 57): a module may import its own room and the rooms of the
 # levels below its own, never a room above. Rooms of one level are independent of each other, except
-# for the arrows ``SIDEWAYS`` lists. Rooms not placed in the stack yet (``distributed``, whose
-# tensor-parallel runner still imports worker/ and engine/ until the executor layer takes it;
-# ``spec_decode``, which core/ imports; ``text``, placed by the test above; ``utils``; the top-level
-# modules) are not checked here.
+# for the arrows ``SIDEWAYS`` lists. ``distributed`` holds the collectives only (process groups,
+# all-reduce kernels), which the split layers and the model loader use: it sits at the bottom, beside
+# attention and core; the tensor-parallel runner, its processes and its step channel are the executor's.
+# Rooms not placed in the stack yet (``spec_decode``, which core/ imports; ``text``, placed by the
+# test above; ``utils``; the top-level modules) are not checked here.
 STACK: list[tuple[str, ...]] = [
-    ("aioinfer.attention", "aioinfer.core"),
+    ("aioinfer.attention", "aioinfer.core", "aioinfer.distributed"),
     ("aioinfer.layers",),
     ("aioinfer.models",),
     ("aioinfer.sample", "aioinfer.structured_output"),
     ("aioinfer.worker",),
-    # ("aioinfer.executor",) goes here once it exists.
+    ("aioinfer.executor",),
     ("aioinfer.engine",),
     ("aioinfer.async_engine",),
     ("aioinfer.data_parallel",),
@@ -240,3 +241,12 @@ def test_the_stack_check_catches_upward_and_sideways_arrows():
     assert stack_violations(graph) == [("aioinfer.core.scheduler", "aioinfer.attention.metadata"),
                                        ("aioinfer.sample.sampler", "aioinfer.structured_output.grammar_mask"),
                                        ("aioinfer.worker.model_runner", "aioinfer.engine.engine_core")]
+
+
+def test_the_engine_reaches_the_model_through_the_executor_only():
+    # EngineCore drives an Executor (executor/abstract.py); the runner, the tensor-parallel processes
+    # and the collectives are the executor's business, never imported by engine/ itself.
+    graph = import_graph()
+    reaching_in = [f"{a} -> {b}" for a, targets in sorted(graph.items()) if a.startswith("aioinfer.engine.")
+                   for b in sorted(targets) if b.startswith(("aioinfer.worker", "aioinfer.distributed"))]
+    assert not reaching_in, "engine/ imports below the executor:\n" + "\n".join(reaching_in)

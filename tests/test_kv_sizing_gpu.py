@@ -26,6 +26,6 @@ def test_memory_left_in_cycles_and_torch_cache_counts_as_free(tmp_path_factory):
     del hog, cycle
     folder = make_tiny_model_dir(tmp_path_factory.mktemp("tiny"), "qwen2")
     llm = LLM(model=str(folder), device="cuda", dtype="bfloat16", gpu_memory_utilization=utilization, max_model_len=256)
-    assert llm.engine.runner.num_kv_blocks >= 2
+    assert llm.engine.executor.runner.num_kv_blocks >= 2
     output = llm.generate([[3, 5, 7]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
     assert len(output.outputs[0].token_ids) == 4

@@ -138,7 +138,7 @@ def test_slices_bound_the_logits_of_a_chunk(model_dir, hf, monkeypatch):
     limit = rows_per_slice(VOCAB_SIZE, 4)
     assert limit == 2
     llm = _llm(model_dir, max_num_batched_tokens=32)
-    model = llm.engine.runner.model
+    model = llm.engine.executor.runner.model
     rows_seen = []
     compute_logits = model.compute_logits
 
@@ -229,7 +229,7 @@ def test_cuda_with_graphs_and_async_scheduling_matches_transformers(model_dir, h
     decode and prefill), async scheduling; a whole-vocabulary request beside the others."""
     llm = LLM(model=str(model_dir), dtype="float32", device="cuda", max_num_batched_tokens=16, block_size=16,
               num_kv_blocks=256, max_logprobs=-1)
-    assert llm.engine.async_scheduling and llm.engine.runner.graphs is not None
+    assert llm.engine.async_scheduling and llm.engine.executor.runner.graphs is not None
     decoding = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     scored = SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=5)
     whole = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=-1, logprobs=-1)

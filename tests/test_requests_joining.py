@@ -151,7 +151,7 @@ def test_requests_joining_at_random_steps_get_their_own_outputs(model_dir, path_
                 assert len(want["prompt"]) == len(prompt) - 1, where  # the first token has none
                 assert _same(mine["prompt"], want["prompt"]), where
     for llm in (alone, joined):
-        assert llm.engine.runner.grammar_masks.num_rejected == 0
+        assert llm.engine.executor.runner.grammar_masks.num_rejected == 0
 
 
 @pytest.mark.parametrize("path_name", list(PATHS))

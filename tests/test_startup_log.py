@@ -15,11 +15,11 @@ from tiny_models import make_tiny_model_dir
 
 DURATION = r"in \d+\.\d\d s"
 # (what the line says, pattern) in the order the phases run
-RESOLVE = ("model resolved", rf"INFO aioinfer\.engine\.model_setup: model SmolLM2-135M-Instruct: resolved to \S+\.gguf {DURATION}")
-THREADS = ("CPU threads", r"INFO aioinfer\.engine\.model_setup: CPU: 1 torch intra-op thread\(s\)")
-GGUF = ("GGUF parsed", rf"INFO aioinfer\.engine\.model_setup: GGUF metadata of \S+\.gguf: parsed {DURATION}")
-WEIGHTS = ("weights", rf"INFO aioinfer\.engine\.model_setup: weights: .* loaded as float32 on cpu {DURATION} \(\d")
-TOKENIZER = ("tokenizer", rf"INFO aioinfer\.engine\.model_setup: tokenizer: loaded {DURATION}")
+RESOLVE = ("model resolved", rf"INFO aioinfer\.executor\.model_setup: model SmolLM2-135M-Instruct: resolved to \S+\.gguf {DURATION}")
+THREADS = ("CPU threads", r"INFO aioinfer\.executor\.model_setup: CPU: 1 torch intra-op thread\(s\)")
+GGUF = ("GGUF parsed", rf"INFO aioinfer\.executor\.model_setup: GGUF metadata of \S+\.gguf: parsed {DURATION}")
+WEIGHTS = ("weights", rf"INFO aioinfer\.executor\.model_setup: weights: .* loaded as float32 on cpu {DURATION} \(\d")
+TOKENIZER = ("tokenizer", rf"INFO aioinfer\.executor\.model_setup: tokenizer: loaded {DURATION}")
 KV_CACHE = ("KV cache", rf"INFO aioinfer\.worker\.model_runner: KV cache: 64 blocks of 16 tokens, \d+ bytes .* allocated {DURATION}")
 WARM_UP = ("warm-up", rf"INFO aioinfer\.async_engine\.engine: warm-up step: done {DURATION}")
 READY = ("engine ready", r"INFO aioinfer\.server: engine ready")

@@ -166,7 +166,7 @@ def test_a_complete_grammar_keeps_taking_eos_when_eos_is_ignored(smollm2_gguf, p
                "speculation": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
                                                       "prompt_lookup_min": 1, "prompt_lookup_max": 3}}}
     llm = _llm(smollm2_gguf, **options[path_name])
-    masks = llm.engine.runner.grammar_masks
+    masks = llm.engine.executor.runner.grammar_masks
     params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
                              structured_outputs=StructuredOutputsParams(choice=["yes", "no"])),
               SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)]
@@ -190,7 +190,7 @@ def test_min_tokens_gives_way_to_a_grammar_that_needs_a_stop_token(smollm2):
     the grammar rejected), and that early EOS does not end the request: it ends at the first EOS
     from min_tokens on, and its text is the answer."""
     tokenizer = smollm2.get_tokenizer()
-    masks = smollm2.engine.runner.grammar_masks
+    masks = smollm2.engine.executor.runner.grammar_masks
     rejected = masks.num_rejected
     eos = set(smollm2.inputs.eos_token_ids)
     for options in ({"temperature": 0}, {"temperature": 1.0, "seed": 5, "top_k": 20}):
@@ -280,7 +280,7 @@ def test_grammar_steps_scheduled_ahead_give_the_same_tokens(smollm2, smollm2_ggu
     llm = _llm(smollm2_gguf, async_scheduling=True, **ASYNC_PATHS[path_name])
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == reference
-    assert llm.engine.runner.num_deferred_steps > 0
+    assert llm.engine.executor.runner.num_deferred_steps > 0
     if "preemption" in path_name:
         assert llm.engine.scheduler.num_preemptions > 0
     if "speculation" in path_name:  # steps with drafts (in lockstep) between steps ahead
@@ -301,7 +301,7 @@ def test_a_step_ahead_is_sampled_when_its_masks_are_ready_or_before_the_next_lau
     prompts, params = [prompts[i] for i in keep], [params[i] for i in keep]
     reference = [o.outputs[0].token_ids for o in smollm2.generate(prompts, params, use_tqdm=False)]
     llm = _llm(smollm2_gguf, async_scheduling=True)
-    core, runner = llm.engine, llm.engine.runner
+    core, runner = llm.engine, llm.engine.executor.runner
     real_poll, real_finish = runner.poll_masks, runner.finish
     ready = masks == "ready at every poll"
     sampled_at_the_end = []  # per deferred step sampled: whether the call that launched it sampled it
@@ -390,7 +390,7 @@ def test_async_engine_streams_constrained_requests_scheduled_ahead(smollm2, smol
     got, core = anyio.run(main)
     assert [g for i, g in enumerate(got) if i != 2] == [r for i, r in enumerate(reference) if i != 2]
     assert got[2] == reference[2][:len(got[2])] and len(got[2]) >= closed_after
-    assert core.runner.num_deferred_steps > 0
+    assert core.executor.runner.num_deferred_steps > 0
     assert core.kv_cache.all_free() and not core.scheduler.has_unfinished()
 
 

@@ -89,11 +89,11 @@ def test_host_pool_only_in_swap_mode(model_dir):
     assert num_host_blocks_for(EngineConfig.from_kwargs("m", swap_space_gib=4.0), spec) == 0  # recompute
 
     llm = LLM(model=str(model_dir), dtype="float32", device="cpu", block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS)
-    assert llm.engine.runner.num_host_blocks == 0 and llm.engine.runner.swapper is None
+    assert llm.engine.executor.runner.num_host_blocks == 0 and llm.engine.executor.runner.swapper is None
     with pytest.raises(RuntimeError, match="no host pool"):
-        llm.engine.runner.launch(_swaps_only(swap_out=[SwapOut("r", (1, 2), 0)]))
+        llm.engine.executor.runner.launch(_swaps_only(swap_out=[SwapOut("r", (1, 2), 0)]))
 
-    runner = _swap_llm(model_dir).engine.runner
+    runner = _swap_llm(model_dir).engine.executor.runner
     assert runner.num_host_blocks == HOST_BLOCKS
     layers, heads, head_dim = runner.spec.num_layers, runner.spec.num_kv_heads, runner.spec.head_dim
     assert runner.swapper.host.shape == (HOST_BLOCKS, layers, 2, BLOCK_SIZE, heads, head_dim)
@@ -104,7 +104,7 @@ def test_host_pool_only_in_swap_mode(model_dir):
 
 
 def test_round_trip_restores_every_byte(model_dir):
-    runner = _swap_llm(model_dir).engine.runner
+    runner = _swap_llm(model_dir).engine.executor.runner
     _fill_random(runner, seed=1)
     a_blocks, b_blocks = (17, 3, 42, 8, 9), (60, 61, 0)  # unordered, non-contiguous, block 0 included
     a_data, b_data = _blocks(runner, a_blocks), _blocks(runner, b_blocks)
@@ -139,7 +139,7 @@ def test_round_trip_restores_every_byte(model_dir):
 def test_same_step_swap_in_and_out_share_host_run_and_device_blocks(model_dir):
     """Swap-in reads host run R before the step's swap-out overwrites R; swap-out reads its device
     blocks before the swap-in scatters into them (both freed and reused within one step)."""
-    runner = _swap_llm(model_dir).engine.runner
+    runner = _swap_llm(model_dir).engine.executor.runner
     _fill_random(runner, seed=3)
     a_blocks = (4, 11, 23)
     a_data = _blocks(runner, a_blocks)
@@ -156,7 +156,7 @@ def test_same_step_swap_in_and_out_share_host_run_and_device_blocks(model_dir):
 
 def test_random_swaps_keep_every_request_intact(model_dir):
     """Many requests swapped out and in at random offsets and block sets, several per step."""
-    runner = _swap_llm(model_dir).engine.runner
+    runner = _swap_llm(model_dir).engine.executor.runner
     rng = random.Random(0)
     _fill_random(runner, seed=6)
     free_device = list(range(NUM_KV_BLOCKS))
@@ -267,13 +267,13 @@ def test_swap_preemption_matches_transformers(greedy_reference, host_blocks, asy
     llm = LLM(model=str(path), dtype="float32", device="cpu", block_size=8, num_kv_blocks=15,
               max_num_batched_tokens=48, preemption_mode="swap", swap_space_gib=_gib_for(path, host_blocks, 8),
               async_scheduling=async_scheduling)
-    assert llm.engine.runner.num_host_blocks == host_blocks
+    assert llm.engine.executor.runner.num_host_blocks == host_blocks
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=E2E_MAX_TOKENS), use_tqdm=False)
     got = [o.outputs[0].token_ids for o in outputs]
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):
         assert g == e, f"prompt {i}: engine {g} != transformers {e}"
     assert llm.engine.scheduler.num_preemptions > 0
-    totals = llm.engine.runner.swapper.totals
+    totals = llm.engine.executor.runner.swapper.totals
     if host_blocks == 64:  # room for any victim: preemption swaps
         assert totals["out"][0] > 0, "no request was swapped out: the test did not exercise swapping"
     assert totals["in"][0] == totals["out"][0], "every swapped-out request must come back"
@@ -291,7 +291,7 @@ def test_swapped_request_keeps_its_sampling_state(greedy_reference):
     squeezed = LLM(model=str(path), dtype="float32", device="cpu", block_size=8, num_kv_blocks=15,
                    max_num_batched_tokens=48, preemption_mode="swap", swap_space_gib=_gib_for(path, 64, 8))
     got = [o.outputs[0].token_ids for o in squeezed.generate(prompts, params, use_tqdm=False)]
-    assert squeezed.engine.runner.swapper.totals["out"][0] > 0
+    assert squeezed.engine.executor.runner.swapper.totals["out"][0] > 0
     assert got == expected
 
 
@@ -313,7 +313,7 @@ async def test_async_engine_reports_swaps_to_prometheus(greedy_reference):
                       max_num_batched_tokens=48, preemption_mode="swap", swap_space_gib=_gib_for(path, 64, 8),
                       observers=[metrics]) as engine:
         results = await generate_all(engine, prompts, params)
-        totals = engine._core.runner.swapper.totals
+        totals = engine._core.executor.runner.swapper.totals
     assert results == expected
     assert totals["out"][0] > 0
 

@@ -169,7 +169,7 @@ def test_swapped_requests_resume_with_identical_tokens(tmp_path, enforce_eager):
     swapping = LLM(**common, num_kv_blocks=15, preemption_mode="swap", swap_space_gib=0.01)
     got = [o.outputs[0].token_ids for o in swapping.generate(prompts, params, use_tqdm=False)]
     assert got == expected
-    swapper = swapping.engine.runner.swapper
+    swapper = swapping.engine.executor.runner.swapper
     swapper.synchronize()
     assert swapper.totals["out"][0] > 0, "nothing was swapped out: the test did not exercise swapping"
     assert swapper.totals["in"][0] == swapper.totals["out"][0]

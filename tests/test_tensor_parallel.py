@@ -164,7 +164,7 @@ def test_tp2_equals_tp1_and_transformers(tiny):
                 assert lp_got.keys() == lp_want.keys()
                 for token_id in lp_want:
                     assert lp_got[token_id].logprob == pytest.approx(lp_want[token_id].logprob, abs=1e-4)
-        pids = llm.engine.runner.worker_pids
+        pids = llm.engine.executor.worker_pids
         assert len(pids) == 1 and _alive(pids[0])
     assert not any(_alive(pid) for pid in pids)  # joined by shutdown
     llm.shutdown()  # idempotent
@@ -186,7 +186,7 @@ def test_dummy_weights_are_the_same_model_at_every_tp_size(tmp_path_factory):
 async def test_async_engine_tp2(tiny, anyio_backend):
     path, prompts, expected = tiny
     async with Engine(str(path), **OPTIONS, tensor_parallel_size=2, async_scheduling=True) as engine:
-        pids = engine._core.runner.worker_pids
+        pids = engine._core.executor.worker_pids
         assert engine._core.async_scheduling
         results = await generate_all(engine, prompts, GREEDY)
         # Left mid-stream: shutdown must drain the step launched ahead, on every rank.
@@ -200,15 +200,15 @@ async def test_async_engine_tp2(tiny, anyio_backend):
 
 def _record_look_ahead(llm) -> list[int]:
     """Rank 0's count of launched, uncollected steps at each launch (> 0: a look-ahead launch)."""
-    runner = llm.engine.runner
+    executor = llm.engine.executor
     seen: list[int] = []
-    launch = runner.launch
+    launch = executor.launch
 
     def recording(scheduler_output):
-        seen.append(runner._uncollected)
+        seen.append(executor._uncollected)
         return launch(scheduler_output)
 
-    runner.launch = recording
+    executor.launch = recording
     return seen
 
 
@@ -327,7 +327,7 @@ class _Recorder:
 
 
 def test_worker_launches_and_collects_in_rank0_order():
-    from aioinfer.distributed.worker import replay
+    from aioinfer.executor.tp_worker import replay
 
     # Rank 0: launch a; launch b ahead; collect a; launch c ahead; collect b; collect c (drain);
     # launch d without look-ahead (penalties); collect d; launch e.
@@ -347,7 +347,7 @@ def test_step_channel_round_trips_steps_and_drops_strangers():
     import threading
 
     from aioinfer.core import scheduler_output as so
-    from aioinfer.distributed.step_channel import StepReceiver, StepSender, dumps
+    from aioinfer.executor.step_channel import StepReceiver, StepSender, dumps
 
     box, ready = [], threading.Event()
 
@@ -404,7 +404,7 @@ def test_step_channel_round_trips_steps_and_drops_strangers():
 
 def test_step_channel_is_a_socket_on_one_machine_and_gloo_across_machines(monkeypatch):
     """Between machines everything goes through torch.distributed: the socket is a loopback shortcut."""
-    from aioinfer.distributed.step_channel import GlooStepChannel, open_step_receiver, open_step_sender, same_machine
+    from aioinfer.executor.step_channel import GlooStepChannel, open_step_receiver, open_step_sender, same_machine
 
     assert same_machine("tcp://127.0.0.1:29500") and same_machine("tcp://localhost:1")
     assert not same_machine("tcp://192.0.2.7:29500")  # TEST-NET-1: another machine
@@ -445,7 +445,7 @@ def test_dead_worker_is_an_error_not_a_hang(tmp_path_factory):
     prompts = _prompts(500)
     llm = LLM(model=str(path), **OPTIONS, tensor_parallel_size=2)
     try:
-        (pid,) = llm.engine.runner.worker_pids
+        (pid,) = llm.engine.executor.worker_pids
         os.kill(pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(WorkerProcessError, match=f"rank 1 \\(pid {pid}\\)"):
@@ -490,9 +490,9 @@ def _tp2_engine_case(_index: int, path: str, enforce_eager: bool, symm_mem: bool
     os.environ["AIOINFER_TP_SYMM_MEM"] = "1" if symm_mem else "0"  # read by rank 0, inherited by the worker
     with LLM(model=path, dtype="float32", device="cuda", attention_backend="triton", tensor_parallel_size=2,
              enforce_eager=enforce_eager, max_num_batched_tokens=24, num_kv_blocks=256) as llm:
-        assert (llm.engine.runner.graphs is None) == enforce_eager
+        assert (llm.engine.executor.runner.graphs is None) == enforce_eager
         assert llm.engine.async_scheduling
-        assert (llm.engine.runner.group.fast_all_reduce is not None) == symm_mem
+        assert (llm.engine.executor.group.fast_all_reduce is not None) == symm_mem
         assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
 
 

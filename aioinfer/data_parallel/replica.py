@@ -50,7 +50,7 @@ class ReplicaEngine(Engine):
 
     def _make_core(self):  # on this replica's GPU thread
         from aioinfer.engine.engine_core import EngineCore
-        from aioinfer.engine.model_setup import load_for_engine
+        from aioinfer.executor.model_setup import load_for_engine
 
         if self.config.parallel.tensor_parallel_size > 1:
             # Its tensor-parallel runner loads the shards (on this replica's device and the GPUs after

@@ -6,7 +6,7 @@ Why: a barrier version (one kernel, one cross-GPU barrier; removed, in git histo
 us a call at 7b TP=2 batch 1 on two H200s, the same as torch's one-shot all-reduce alone: a
 system-scope fence, a remote compare-and-swap round trip and a flag wait cost more than the few KB
 they guard. This one takes 3.7-4.2 us for 1-8 rows, against 7.8-8.8 for the one-shot all-reduce
-plus the norm kernel (benchmarks/tp_all_reduce_norm.py). Here the data is its own flag:
+plus the norm kernel (benchmarks/probes/tp_all_reduce_norm.py). Here the data is its own flag:
 
 - every buffer starts filled with a sentinel, negative zero (bits 0x8000 in bf16), which no sent
   value carries: a rank sends -0.0 as +0.0 (a bit test; ``x + 0.0`` may be folded away) and every
@@ -107,7 +107,7 @@ class LamportAllReduceNorm:
         self._slot = slot  # int32 [MAX_ROWS] on the device: each row's next slot, 0..2
         self._rank, self._world = rank, world_size
         self._part_bytes = part_bytes  # one rank's rows in one slot
-        self.num_warps = 8  # benchmarks/tp_all_reduce_norm.py compares others
+        self.num_warps = 8  # benchmarks/probes/tp_all_reduce_norm.py compares others
 
     def accepts(self, x: torch.Tensor) -> bool:
         return (x.dtype in self._handles and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.stride(-1) == 1

@@ -17,7 +17,7 @@ so this module also turns multicast off before the buffers are made.
 - Which path a tensor takes depends only on its dtype and size, the same on every rank: ranks
   that disagreed would wait in different collectives for ever.
 - Every rank gets the same bits: each sums the slots in rank order (not its own slot first), so
-  the sampled tokens, which look-ahead steps reuse on each rank (tp_runner.py), stay identical.
+  the sampled tokens, which look-ahead steps reuse on each rank (executor/tensor_parallel.py), stay identical.
 - Once per process per group name: torch registers a group's symmetric-memory store under the
   group's name for the life of the process and refuses to register the name again (checked on
   CPU: ``_SymmetricMemory.set_group_info`` raises the second time), while its Python side silently

@@ -1,6 +1,7 @@
 """The synchronous engine core: schedule, execute, update. One call of ``step`` is one batch.
 
-Used directly by the offline ``LLM`` and, on its dedicated thread, by the async ``Engine``.
+Used directly by the offline ``LLM`` and, on its dedicated thread, by the async ``Engine``. The
+model runs behind an ``Executor`` (executor/): one ModelRunner here, or a tensor-parallel group.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from aioinfer.config import EngineConfig
 from aioinfer.core.kv_cache_manager import KVCacheManager
 from aioinfer.core.scheduler import Scheduler
 from aioinfer.core.scheduler_output import EngineCoreOutput, RunnerOutput, SchedulerOutput
-from aioinfer.engine.model_setup import LoadedModel, load_for_engine
+from aioinfer.executor.abstract import Executor
+from aioinfer.executor.factory import create_executor
+from aioinfer.executor.model_setup import LoadedModel
 from aioinfer.request import Request, RequestStatus
 from aioinfer.spec_decode.policy import DEFAULT_MAX_STEP_TOKENS
 from aioinfer.structured_output.limits import GrammarLimits, describe_error
-from aioinfer.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -24,26 +26,14 @@ logger = logging.getLogger(__name__)
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        tensor_parallel = config.parallel.tensor_parallel_size > 1
-        if tensor_parallel:
-            # Rank 0 of a tensor-parallel group: the runner spawns the other ranks and loads this shard.
-            from aioinfer.distributed.tp_runner import TensorParallelRunner
-
-            if loaded is not None:
-                raise ValueError("a preloaded model cannot be used with tensor_parallel_size > 1")
-            self.runner = TensorParallelRunner(config)
-            self.loaded = self.runner.loaded
-        else:
-            self.loaded = loaded or load_for_engine(config)
-            self.runner = ModelRunner(config, self.loaded.model, self.loaded.arch, self.loaded.device,
-                                      self.loaded.dtype, self.loaded.max_model_len)
-        self.kv_cache = KVCacheManager(self.runner.num_kv_blocks, config.cache.block_size,
+        self.executor: Executor = create_executor(config, loaded)
+        self.loaded = self.executor.loaded
+        self.kv_cache = KVCacheManager(self.executor.num_kv_blocks, config.cache.block_size,
                                        enable_prefix_caching=config.cache.enable_prefix_caching,
                                        model_identity=config.model.model)
-        # Host blocks for swap preemption (swap_space_gib / bytes per block), sized by the runner;
-        # a runner without swap support has none, and the scheduler then always recomputes.
-        num_host_blocks = (getattr(self.runner, "num_host_blocks", 0)
-                           if config.scheduler.preemption_mode == "swap" else 0)
+        # Host blocks for swap preemption (swap_space_gib / bytes per block), sized by the executor;
+        # one without swap support has none, and the scheduler then always recomputes.
+        num_host_blocks = self.executor.num_host_blocks if config.scheduler.preemption_mode == "swap" else 0
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.loaded.max_model_len,
                                    num_host_blocks=num_host_blocks, speculative=config.speculative,
                                    # a step with drafts stays within the largest CUDA-graph token bucket
@@ -53,7 +43,7 @@ class EngineCore:
         # Async scheduling: launch step N+1 before waiting for step N's sampled ids, so that the host
         # work between steps overlaps the device work. The default on CUDA (H200: 0.5b batch-1 decode
         # 1.34 -> 1.12 ms/token, 7b workload 1 +10%); off on CPU, where the device is the host.
-        # Tensor parallelism too: the workers launch and collect in rank 0's order (distributed/worker.py).
+        # Tensor parallelism too: the workers launch and collect in rank 0's order (executor/tp_worker.py).
         self.async_scheduling = (self.loaded.device.type == "cuda" if config.async_scheduling is None
                                  else config.async_scheduling)
         self._in_flight = None  # (SchedulerOutput, launched step) not yet collected
@@ -68,16 +58,13 @@ class EngineCore:
         # and one that ends is asked whether its grammar could be kept (``_check_grammar_ends``).
         self._grammar_requests: dict[str, Request] = {}
         self._grammar_sweep_at = 64  # _grammar_requests' length past which it is swept anyway
-        self._tensor_parallel = tensor_parallel
         # What this engine's constraints may cost to compile; its input processor's compiler takes them.
         self.grammar_limits = GrammarLimits(config.structured_outputs_max_bytes,
                                             config.structured_outputs_compile_timeout)
 
     def shutdown(self) -> None:
-        """Release what outlives a step: the tensor-parallel worker processes (nothing at tp=1). Idempotent."""
-        close = getattr(self.runner, "shutdown", None)
-        if close is not None:
-            close()
+        """Release what outlives a step: the runner's threads, the tensor-parallel worker processes. Idempotent."""
+        self.executor.shutdown()
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -95,8 +82,7 @@ class EngineCore:
 
     def take_swap_timings(self) -> tuple:
         """KV swap copies whose timing completed since the last call (``SwapTiming``; empty without swapping)."""
-        take = getattr(self.runner, "take_swap_timings", None)
-        return tuple(take()) if take is not None else ()
+        return self.executor.take_swap_timings()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._in_flight is not None
@@ -113,7 +99,7 @@ class EngineCore:
         lockstep = self._in_flight is None  # scheduled now, every token known (not ahead of the last step)
         if lockstep:
             scheduler_output = self.scheduler.schedule()
-            launched = self.runner.launch(scheduler_output)
+            launched = self.executor.launch(scheduler_output)
         else:
             scheduler_output, launched = self._in_flight
             self._in_flight = None
@@ -129,18 +115,17 @@ class EngineCore:
             # ``launched`` is sampled as soon as its masks are computed, so that the device samples
             # while the host goes on; its inputs are prepared first when the masks are still being
             # filled, which that host work then overlaps.
-            if self._deferred and self.runner.poll_masks(launched):
+            if self._deferred and self.executor.poll_masks(launched):
                 self._finish_deferred(launched)
-            prepared = self.runner.prepare(ahead)
+            prepared = self.executor.prepare(ahead)
             self._finish_deferred(launched)
-            masks_of = self.runner.run(prepared, defer_masks=True)
+            masks_of = self.executor.run(prepared, defer_masks=True)
             self._in_flight, self._deferred = (ahead, masks_of), True
         else:
             self._finish_deferred(launched)
             if ahead is not None:
-                self._in_flight = (ahead, self.runner.launch(ahead))
-        runner_output = (self.runner.collect(launched) if masks_of is None
-                         else self.runner.collect(launched, masks_of=masks_of))
+                self._in_flight = (ahead, self.executor.launch(ahead))
+        runner_output = self.executor.collect(launched, masks_of)
         self.num_steps += 1
         if self.async_scheduling and self.scheduler.draft_policy is not None:
             self._time_step(scheduler_output, runner_output, lockstep)
@@ -148,7 +133,7 @@ class EngineCore:
         outputs = self.scheduler.update(scheduler_output, runner_output)
         if self._grammar_requests and len(self.scheduler.requests) != num_requests:  # some finished
             self._check_grammar_ends(outputs)
-        if masks_of is not None and self.runner.poll_masks(masks_of):
+        if masks_of is not None and self.executor.poll_masks(masks_of):
             # Computed meanwhile: sampled now, behind its forward, rather than after the next schedule.
             self._finish_deferred(masks_of)
         return scheduler_output, runner_output, outputs
@@ -158,7 +143,7 @@ class EngineCore:
         (while the engine handled that step and scheduled the next): sampled now, at the latest
         before the next launch, whose placeholder inputs are its sampled ids."""
         if self._deferred:
-            self.runner.finish(launched)
+            self.executor.finish(launched)
             self._deferred = False
 
     def _grammars_alive(self) -> bool:
@@ -177,14 +162,13 @@ class EngineCore:
         state (one of llguidance's limits met mid-output, or a dead end of its grammar: its mask then
         allowed EOS only) did not keep its constraint: it ends with finish_reason "error", the reason
         as its stop_reason, never with a "stop" whose text breaks the schema."""
-        masks = _grammar_masks(self.runner)
         for out in outputs:
             if out.finish_reason is None:
                 continue
             request = self._grammar_requests.pop(out.request_id, None)
-            if request is None or out.finish_reason == "abort" or masks is None:
+            if request is None or out.finish_reason == "abort":
                 continue
-            error = masks.failure(request.grammar)
+            error = self.executor.grammar_failure(request.grammar)
             if error:
                 reason = describe_error(error)
                 logger.warning("request %s: its structured-output constraint could not be kept: %s",
@@ -211,7 +195,7 @@ class EngineCore:
         scheduler_output, launched = self._in_flight
         self._in_flight = None
         self._finish_deferred(launched)
-        return self.scheduler.update(scheduler_output, self.runner.collect(launched))
+        return self.scheduler.update(scheduler_output, self.executor.collect(launched))
 
     def _can_schedule_ahead(self, launched: SchedulerOutput) -> bool:
         # Penalties read the content of every generated token, which is still on the device (a
@@ -220,9 +204,9 @@ class EngineCore:
         # One still waiting may be admitted in the step ahead: it has no token in flight then (the
         # scheduler admits none that has), and the step after it is in lockstep.
         lockstep_needed = False
-        if self._tensor_parallel and self._grammars_alive():
-            # Masks under tensor parallelism are computed at launch (rank 0 sends them to the other
-            # ranks in the step), which needs every token before them on the host.
+        if not self.executor.defers_masks and self._grammars_alive():
+            # Masks computed at launch (tensor parallelism: rank 0 sends them to the other ranks in
+            # the step) need every token before them on the host.
             return False
         if self._needs_known_tokens:
             self._needs_known_tokens = [r for r in self._needs_known_tokens if not r.status.finished]
@@ -236,12 +220,6 @@ class EngineCore:
                                    or launched.num_draft_tokens):
             return False
         return not lockstep_needed
-
-
-def _grammar_masks(runner):
-    """The runner's GrammarMasks (under tensor parallelism, rank 0's, in this process), or None."""
-    masks = getattr(runner, "grammar_masks", None)
-    return masks if masks is not None else getattr(getattr(runner, "runner", None), "grammar_masks", None)
 
 
 def _has_penalties(params) -> bool:

@@ -49,7 +49,7 @@ def _llm_kwargs(args) -> dict:
 def _check(args) -> None:
     """ValueError for a bad setting, before anything loads (the LLM would find it only then)."""
     from aioinfer.config import EngineConfig
-    from aioinfer.engine.model_setup import check_model_source
+    from aioinfer.executor.model_setup import check_model_source
     from aioinfer.fetch import DEFAULT_MODEL
 
     kwargs = _llm_kwargs(args)

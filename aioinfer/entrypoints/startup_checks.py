@@ -32,7 +32,7 @@ def check_settings(config: ServerConfig) -> None:
     will build is built (its options validated, nothing loaded), an explicit CUDA device must
     exist, and the model must be a path that exists, a hub id or the default model's name."""
     from aioinfer.data_parallel.engine import create_engine
-    from aioinfer.engine.model_setup import check_model_source, resolve_device
+    from aioinfer.executor.model_setup import check_model_source, resolve_device
 
     engine = create_engine(**config.engine_arguments())
     if engine.config.device != "auto":

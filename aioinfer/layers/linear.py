@@ -26,7 +26,7 @@ from torch import nn
 from aioinfer.distributed.group import SINGLE, TPGroup
 from aioinfer.layers.triton_ops import fused_ops  # imports no triton; fused_ops() does, on first CUDA call
 
-# Rows up to which fp16/bf16 products on CUDA use the small-batch kernel (benchmarks/gemv_sweep.py on
+# Rows up to which fp16/bf16 products on CUDA use the small-batch kernel (benchmarks/probes/gemv_sweep.py on
 # the H200): every projection at 1 row; at 2-8 rows only wide ones (out >= 4 x in: gate_up), where
 # the kernel beat cuBLAS by ~8%, while cuBLAS tied or won on qkv, o and down. float32 stays on
 # cuBLAS (the exactness tests compare it with HF).

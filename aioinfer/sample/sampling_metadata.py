@@ -178,7 +178,7 @@ class SamplingMetadataCache:
     the knobs' tensors are only read by the sampler, so one copy serves every such step (a request's
     params do not change while it runs). At 256 rows on one CPU core a step's build took 37 µs
     greedy and 157-172 µs with temperature and top-p, and 5.5 and 48-57 µs with the knobs reused
-    (the noise keys are still made every step; benchmarks/sampling_metadata_cost.py)."""
+    (the noise keys are still made every step; benchmarks/probes/sampling_metadata_cost.py)."""
 
     def __init__(self) -> None:
         self._rows: Sequence[SamplingRow] = ()

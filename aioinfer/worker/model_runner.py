@@ -21,7 +21,7 @@ from aioinfer.sampling_params import MAX_LOGPROBS, num_logprobs
 from aioinfer.worker.cuda_graphs import CudaGraphRunner, graph_buckets, token_buckets
 from aioinfer.structured_output.grammar_mask import GrammarMasks, PendingMask, StepMask, live_tokens
 from aioinfer.worker.input_buffers import InputBuffers, StepInputs
-from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches, choose_num_blocks
+from aioinfer.worker.kv_cache import KVCacheSpec, allocate_kv_caches
 from aioinfer.structured_output.masked_greedy import MaskedGreedy, masked_greedy
 from aioinfer.sample.prompt_logprobs import PendingPromptLogprobs, PromptLogprobs
 from aioinfer.sample.sampler import Sampler, SamplerOutput
@@ -33,7 +33,9 @@ logger = logging.getLogger(__name__)
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model: torch.nn.Module, arch, device: torch.device,
-                 dtype: torch.dtype, max_model_len: int) -> None:
+                 dtype: torch.dtype, max_model_len: int, spec: KVCacheSpec, num_kv_blocks: int) -> None:
+        """``spec`` and ``num_kv_blocks``: the KV cache to allocate, as the executor sized it
+        (executor/runner_setup.py; every tensor-parallel rank the same count)."""
         self.config = config
         self.model = model
         self.arch = arch
@@ -41,15 +43,9 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.cache.block_size
         self.vocab_size = arch.vocab_size
-        self.spec = KVCacheSpec(
-            num_layers=len(model.attention_layers()),
-            block_size=self.block_size,
-            num_kv_heads=model.num_kv_heads,  # this rank's share under tensor parallelism
-            head_dim=arch.head_dim,
-            dtype=dtype,
-        )
+        self.spec = spec
         started = time.perf_counter()
-        self.num_kv_blocks = choose_num_blocks(config, self.spec, device, max_model_len)
+        self.num_kv_blocks = num_kv_blocks
         self.kv_caches = allocate_kv_caches(self.spec, self.num_kv_blocks, device)
         kv_bytes = self.spec.bytes_per_block * self.num_kv_blocks
         logger.info("KV cache: %d blocks of %d tokens, %d bytes (%.1f MiB) on %s, allocated in %.2f s",

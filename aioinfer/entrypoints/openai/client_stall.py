@@ -19,7 +19,7 @@ that the descriptor still is that connection. The search waits for the probe's f
 engine's watchdog, off the request's path): a burst of new streams then costs one scan of the
 descriptors per watchdog round. Searching when each request came in made every new connection a
 miss and a scan of every open socket, 11.6 ms each with 256 connections open on the CI CPU
-(benchmarks/request_ingest.py), paid on the event loop by every request of a burst. Elsewhere than
+(benchmarks/probes/request_ingest.py), paid on the event loop by every request of a burst. Elsewhere than
 Linux, ``probe_for`` returns None and the engine's own stall limit (at the writer) is all there is.
 """
 

@@ -197,7 +197,7 @@ def tune_collector_for_serving() -> None:
 
     A full collection traverses them all: 150-210 ms with the GIL held on a 2-core machine, which
     stalls the event loop and every GPU thread at once (the recurring slow run of
-    benchmarks/host_ceiling.py, gone with this). The server process is ours; an application that
+    benchmarks/probes/host_ceiling.py, gone with this). The server process is ours; an application that
     embeds ``Engine`` decides this for itself (``gc.freeze()`` is process-wide).
     """
     gc.collect()

@@ -3,7 +3,7 @@
 Why: at batch 1 a decode step is weight reads, and cuBLAS' kernels for these skinny products left
 bandwidth unused on the H200: per layer of qwen2.5-7b, 135 us of cuBLAS against 120 us for this
 kernel (gate_up 71.7 -> 64.1 us = 4.24 TB/s, down 41.0 -> 36.4, o_proj 11.5 -> 9.1 with no split-K
-reduce kernel; benchmarks/gemv_sweep.py, H200, 2026-11-29). Each program streams
+reduce kernel; benchmarks/probes/gemv_sweep.py, H200, 2026-11-29). Each program streams
 BLOCK_N whole weight rows once (no split-K, so no second kernel) in BLOCK_K-wide chunks and keeps
 the input row in L1/L2. At 2-8 rows cuBLAS stays ahead except on wide projections (gate_up: 64
 against 70 us), so the layers use the kernel for every projection at 1 row and for wide ones
@@ -64,7 +64,7 @@ def _small_batch_linear_kernel(
 
 def default_config(m: int, n: int, k: int) -> tuple[int, int, int, bool]:
     """(BLOCK_N, BLOCK_K, num_warps, use tensor cores), from H200 sweeps over the 7b projections at
-    tensor-parallel sizes 1 and 2 (benchmarks/gemv_sweep.py). One row: CUDA cores, few rows per
+    tensor-parallel sizes 1 and 2 (benchmarks/probes/gemv_sweep.py). One row: CUDA cores, few rows per
     program, long chunks; (4, 2048, 4) was within ~1 us of the best config on every shape. 2-8
     rows: the broadcast product spills, tensor cores on 32-row tiles stream best (gate_up 64 us
     against cuBLAS' 70 at tp 1, 33 against 37 at tp 2)."""

@@ -1,8 +1,10 @@
-"""Where a step goes with every request constrained: workload 1 (dummy weights) on one engine, the
+"""Probe: the engine thread's time per step phase with every request JSON-constrained, against free.
+
+Where a step goes with every request constrained: workload 1 (dummy weights) on one engine, the
 engine thread's wall and CPU time per step by phase (schedule, launch, finish = wait for the masks +
 apply + sample, collect, update), and the worker thread's advance + fill.
 
-    python -m benchmarks.structured_output_phases --kind json|free|json-serial [--model qwen2.5-0.5b]
+    python -m benchmarks.probes.structured_output_phases --kind json|free|json-serial [--model qwen2.5-0.5b]
         --tokenizer FOLDER [--repeats 2]
 
 ``json-serial`` advances the matchers one by one in Python (the form before ``consume_token_par``),
@@ -72,7 +74,7 @@ def main() -> None:
 
     run(workload1(num_requests=4, seed=1, max_input_len=200, max_output_len=110, max_token_id=500))
     requests = workload1(max_token_id=min(10000, shape.vocab - 1))[: args.num_requests]
-    masks = llm.engine.runner.grammar_masks
+    masks = llm.engine.executor.runner.grammar_masks
     for repeat in range(args.repeats):
         wall.clear(), cpu.clear(), calls.clear()
         fill_s, fills = masks.fill_seconds, masks.num_fills

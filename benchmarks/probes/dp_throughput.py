@@ -1,7 +1,7 @@
-"""Workload 1 through the async ``DataParallelEngine`` at several data-parallel sizes in one run.
+"""Probe: workload 1 through the async ``DataParallelEngine`` at several data-parallel sizes in one run.
 
-    python -m benchmarks.dp_throughput --model qwen2.5-7b --sizes 1,2 --out dp_7b.json
-    python -m benchmarks.dp_throughput --model tiny --device cpu --num-requests 16 \\
+    python -m benchmarks.probes.dp_throughput --model qwen2.5-7b --sizes 1,2 --out dp_7b.json
+    python -m benchmarks.probes.dp_throughput --model tiny --device cpu --num-requests 16 \\
         --max-input-len 150 --max-output-len 120          # CPU smoke test of the script, not a number
 
 Each size runs in its own child process (own CUDA contexts, memory freed between sizes); size N
@@ -76,7 +76,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_dummy_model(shape, tmp)
         for size in sizes:
-            cmd = ["benchmarks.dp_throughput", "--model", args.model, "--folder", str(folder), "--device", device,
+            cmd = ["benchmarks.probes.dp_throughput", "--model", args.model, "--folder", str(folder), "--device", device,
                    "--num-requests", str(args.num_requests), "--max-input-len", str(args.max_input_len),
                    "--max-output-len", str(args.max_output_len), "--max-num-seqs", str(args.max_num_seqs),
                    "--max-num-batched-tokens", str(args.max_num_batched_tokens),

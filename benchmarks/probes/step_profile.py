@@ -1,6 +1,6 @@
-"""Where a step's time goes: host phases and device kernels of decode (and one prefill) step.
+"""Probe: where a step's time goes, host phases and device kernels of decode (and one prefill) steps.
 
-    python -m benchmarks.step_profile --model qwen2.5-7b --batches 1,64 --steps 32 --out profile.json
+    python -m benchmarks.probes.step_profile --model qwen2.5-7b --batches 1,64 --steps 32 --out profile.json
 
 For each batch size, generates ``--steps`` decode tokens from ``--prompt-len``-token prompts through
 the public ``LLM`` API under ``torch.profiler`` and reports per decode step:
@@ -29,8 +29,8 @@ from benchmarks.common import (default_device, SHAPES, add_engine_options, dump,
 
 _PHASES = {  # label -> (attribute path on the LLM, method name)
     "schedule": ("engine.scheduler", "schedule"),
-    "launch": ("engine.runner", "launch"),
-    "collect": ("engine.runner", "collect"),
+    "launch": ("engine.executor.runner", "launch"),
+    "collect": ("engine.executor.runner", "collect"),
     "update": ("engine.scheduler", "update"),
     "step (all)": ("engine", "step_with_details"),
 }

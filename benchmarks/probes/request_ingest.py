@@ -1,9 +1,11 @@
-"""What one incoming streaming request costs the event loop before the engine sees it, in the
+"""Probe: event-loop µs of the checks one incoming request passes before the engine sees it (CPU).
+
+What one incoming streaming request costs the event loop before the engine sees it, in the
 checks aioinfer runs on it (CPU, any machine): the OpenAI prompt-form check, the engine's token-id
 validation, the per-choice SamplingParams copy, and the client-stall probe of a new connection
 while ``--open-sockets`` other TCP connections are open (a burst of arrivals).
 
-    python -m benchmarks.request_ingest --prompt-len 560 --open-sockets 256
+    python -m benchmarks.probes.request_ingest --prompt-len 560 --open-sockets 256
 
 At 256 simultaneous arrivals every microsecond here is paid 256 times on the loop before the last
 request is admitted, beside the HTTP parsing and the streams already running: the last arrival's

@@ -1,6 +1,8 @@
-"""The tensor-parallel decode step's all-reduce + residual add + RMSNorm, on two GPUs, per way:
+"""Probe: the TP decode step's all-reduce + add + RMSNorm on two GPUs: NCCL, one-shot, Lamport kernel.
 
-    python -m benchmarks.tp_all_reduce_norm --rows 1,2,4,8 --out tp_ar_norm.json
+The tensor-parallel decode step's all-reduce + residual add + RMSNorm, on two GPUs, per way:
+
+    python -m benchmarks.probes.tp_all_reduce_norm --rows 1,2,4,8 --out tp_ar_norm.json
 
 - ``nccl + norm``: NCCL all-reduce, then the fused add + RMSNorm Triton kernel (two kernels);
 - ``one-shot + norm``: torch's symmetric-memory one-shot all-reduce, then the same norm kernel;

@@ -1,13 +1,13 @@
-"""Host cost of the scheduler alone on workload 1, without and with random priorities (CPU, no model).
+"""Probe: host cost of the scheduler alone on workload 1, without and with random priorities (CPU, no model).
 
-    python -m benchmarks.scheduler_cost --repeats 2
+    python -m benchmarks.probes.scheduler_cost --repeats 2
 
 Drives ``Scheduler`` + ``KVCacheManager`` (prefix caching on, a pool that never runs short, the
 engine's default budgets) through workload 1's 256 requests with a runner that answers every
 sampling request at once; times ``schedule`` + ``update`` per step. "none" puts every request at
 priority 0, "random" draws one per request from [0, ``--levels``); runs interleave. It shows what
 priorities cost the host per step and how many requests they preempt; the GPU throughput cost is
-``benchmarks/priority_cost.py``'s.
+``benchmarks/probes/priority_cost.py``'s.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Prefix caching: warm versus cold time to first token for a long shared prefix.
+"""Probe: warm versus cold time to first token for a long shared prefix with prefix caching (GPU).
 
-    python -m benchmarks.prefix_cache --model qwen2.5-7b --out results/prefix_cache_7b.json
+    python -m benchmarks.probes.prefix_cache --model qwen2.5-7b --out results/prefix_cache_7b.json
 
 One engine with ``enable_prefix_caching=True`` (dummy bf16 weights). Each trial draws a fresh random
 prefix of ``--prefix-len`` tokens (4096 by default) and two different suffixes of ``--suffix-len``

@@ -3,7 +3,7 @@
 Not the gloo control group: every gloo collective hands its buffer to gloo's own thread and waits
 for it, on both sides, and ``broadcast_object_list`` does two of them (sizes, then bytes) after a
 pickle with the default protocol. Measured on CPU (2 processes, a decode SchedulerOutput, latency
-from rank 0's call until the worker holds the object; ``benchmarks/allreduce_latency.py --control``)
+from rank 0's call until the worker holds the object; ``benchmarks/probes/allreduce_latency.py --control``)
 that path costs hundreds of microseconds, a socket write some tens (docs/distributed.md has the
 numbers). The socket also never makes rank 0 wait: a message lands in the kernel's buffer and
 rank 0 goes on to launch its own step.

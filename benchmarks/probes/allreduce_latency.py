@@ -1,8 +1,8 @@
-"""All-reduce latency of the tensor-parallel device group, the cost TP adds to every decode step.
+"""Probe: all-reduce latency of the tensor-parallel device group, the cost TP adds to every decode step.
 
-    python -m benchmarks.allreduce_latency --tp 2 --hidden 3584 --layers 28
-    python -m benchmarks.allreduce_latency --tp 2 --hidden 3584 --layers 28 --symm-mem
-    python -m benchmarks.allreduce_latency --tp 2 --control      # the per-step control message (CPU is enough)
+    python -m benchmarks.probes.allreduce_latency --tp 2 --hidden 3584 --layers 28
+    python -m benchmarks.probes.allreduce_latency --tp 2 --hidden 3584 --layers 28 --symm-mem
+    python -m benchmarks.probes.allreduce_latency --tp 2 --control      # the per-step control message (CPU is enough)
 
 A batch-1 decode step of an L-layer model does 2L + 1 all-reduces of [batch, hidden] (o_proj and
 down_proj per layer, plus the embedding). This times them the way the engine issues them: eager,
@@ -100,7 +100,7 @@ def _control_rank(rank: int, args: argparse.Namespace, port: int) -> None:
     import torch.distributed as dist
 
     from aioinfer.distributed.group import destroy_tp_group, init_tp_group
-    from aioinfer.distributed.step_channel import StepReceiver, StepSender
+    from aioinfer.executor.step_channel import StepReceiver, StepSender
 
     torch.set_num_threads(1)
     init_method = f"tcp://127.0.0.1:{port}"

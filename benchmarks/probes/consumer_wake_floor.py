@@ -1,7 +1,9 @@
-"""What delivering one token to one asyncio consumer costs the event loop, before any engine work:
+"""Probe: event-loop CPU per token handed to asyncio consumers, the floor under the async Engine (CPU).
+
+What delivering one token to one asyncio consumer costs the event loop, before any engine work:
 the floor under the async ``Engine``'s loop budget per streamed token (CPU, any machine).
 
-    python -m benchmarks.consumer_wake_floor --streams 256 --steps 400 --out wake_floor.json
+    python -m benchmarks.probes.consumer_wake_floor --streams 256 --steps 400 --out wake_floor.json
 
 ``--streams`` consumer tasks each wait for their next token while one producer on the loop (as the
 engine's step hand-over does) delivers one token to every stream per "step", ``--steps`` times:

@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Any
 
-from aioinfer.distributed.worker import FAILED, STARTED, worker_main
+from aioinfer.executor.tp_worker import FAILED, STARTED, worker_main
 from aioinfer.errors import WorkerProcessError
 
 logger = logging.getLogger(__name__)

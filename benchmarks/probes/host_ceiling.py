@@ -1,8 +1,10 @@
-"""The async engine's host ceiling: tokens per second through the real scheduler, GPU thread, result
+"""Probe: tokens/s the async engine's host side delivers when a null runner sleeps for each step (CPU).
+
+The async engine's host ceiling: tokens per second through the real scheduler, GPU thread, result
 hand-over and per-request streams, with a runner that "computes" each step in a fixed sleep (CPU).
 
-    python -m benchmarks.host_ceiling --streams 256 --tokens 200 --step-ms 5
-    python -m benchmarks.host_ceiling --streams 256 --tokens 200 --step-ms 5 --data-parallel-size 2 --no-stream
+    python -m benchmarks.probes.host_ceiling --streams 256 --tokens 200 --step-ms 5
+    python -m benchmarks.probes.host_ceiling --streams 256 --tokens 200 --step-ms 5 --data-parallel-size 2 --no-stream
 
 The model runner is replaced in this process by one that samples token 7 for every sampling request
 after ``--step-ms`` of sleep (the GIL released, like a GPU wait), so the figure is what the host can

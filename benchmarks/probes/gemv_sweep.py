@@ -1,7 +1,9 @@
-"""Small-batch projections on the GPU: cuBLAS against the Triton kernel of
+"""Probe: cuBLAS against the Triton small-batch linear kernel on the model's projections, configs swept (GPU).
+
+Small-batch projections on the GPU: cuBLAS against the Triton kernel of
 aioinfer/layers/triton_ops/small_batch_linear.py.
 
-    python -m benchmarks.gemv_sweep --model qwen2.5-7b --rows 1,2,4,8 --out gemv_7b.json
+    python -m benchmarks.probes.gemv_sweep --model qwen2.5-7b --rows 1,2,4,8 --out gemv_7b.json
 
 1. Config sweep (PROLOGUE_NONE, rows 1): (BLOCK_N, BLOCK_K, num_warps) for each projection shape of
    the model at tensor-parallel sizes 1 and 2, against F.linear.

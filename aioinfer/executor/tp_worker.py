@@ -4,7 +4,7 @@ Started by rank 0 with torch.multiprocessing's 'spawn' (``worker_main``), or, fo
 machines, by hand or by any launcher that sets torch.distributed's environment
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``)::
 
-    python -m aioinfer.distributed.worker
+    python -m aioinfer.executor.tp_worker
 
 Rank 0 broadcasts the EngineConfig after the rendezvous, so a worker needs no options. Each step
 arrives on the step channel as (steps rank 0 has launched and not collected, SchedulerOutput); the
@@ -38,8 +38,8 @@ def worker_main(rank: int, world_size: int, init_method: str, device: str, conn:
         import torch
 
         from aioinfer.distributed.group import init_tp_group
-        from aioinfer.distributed.rank_setup import build_rank_runner, rank_config
-        from aioinfer.distributed.step_channel import open_step_receiver
+        from aioinfer.executor.runner_setup import build_rank_runner, rank_config
+        from aioinfer.executor.step_channel import open_step_receiver
 
         if device == "cpu":
             # The ranks share the machine's cores; without this each would start one thread per core.
@@ -87,7 +87,7 @@ def _send(conn: Any | None, kind: str, detail: str = "") -> None:
 
 
 def main() -> None:
-    """``python -m aioinfer.distributed.worker``: one rank of a multi-machine group (env:// rendezvous)."""
+    """``python -m aioinfer.executor.tp_worker``: one rank of a multi-machine group (env:// rendezvous)."""
     import torch
 
     logging.basicConfig(level=logging.INFO)

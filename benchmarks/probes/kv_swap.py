@@ -1,6 +1,6 @@
-"""KV swap bandwidth per direction, the engine's own swap path, in Qwen2.5 KV shapes.
+"""Probe: KV swap bandwidth per direction, the engine's own swap path, in Qwen2.5 KV shapes.
 
-    python -m benchmarks.kv_swap --model qwen2.5-7b --out results/kv_swap_7b.json
+    python -m benchmarks.probes.kv_swap --model qwen2.5-7b --out results/kv_swap_7b.json
 
 For each swap size (``--sizes-mib``, default 16, 64, 256) the engine's ``KVSwapper`` swaps a request
 of that many MiB of KV (whole blocks, all layers; block ids drawn at random from the device pool)

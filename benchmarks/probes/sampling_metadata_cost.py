@@ -1,7 +1,9 @@
-"""Host cost of a step's sampling metadata: ``SamplingMetadata.build`` against the runner's
+"""Probe: host µs a step of SamplingMetadata.build against the runner's SamplingMetadataCache.
+
+Host cost of a step's sampling metadata: ``SamplingMetadata.build`` against the runner's
 ``SamplingMetadataCache`` on the same rows step after step (a steady decode batch).
 
-    python -m benchmarks.sampling_metadata_cost [--rows 256] [--steps 2000] [--device cpu|cuda]
+    python -m benchmarks.probes.sampling_metadata_cost [--rows 256] [--steps 2000] [--device cpu|cuda]
 
 Rows are greedy, or sampled with temperature 0.8 and top-p 0.9; each has a 300-token prompt and
 50 output tokens. Prints the median µs a step of each form (host time: on CUDA the tensors'

@@ -1,7 +1,9 @@
-"""Host cost of structured outputs per step: filling the token bitmasks (llguidance) of B requests
+"""Probe: host µs a step of filling llguidance token bitmasks for B rows of one JSON schema, and applying them.
+
+Host cost of structured outputs per step: filling the token bitmasks (llguidance) of B requests
 that share a JSON schema, on this machine's CPU, and applying them to [B, V] logits on the device.
 
-    python benchmarks/structured_output_masks.py [--model GGUF] [--batch 1 16 64 256] [--steps 64]
+    python -m benchmarks.probes.structured_output_masks [--model GGUF] [--batch 1 16 64 256] [--steps 64]
 
 Each request walks its own matcher through one valid JSON document (the same one, token by token), so
 every step fills B masks at B different points of a realistic output; the first steps of a new grammar

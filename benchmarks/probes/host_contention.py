@@ -1,11 +1,13 @@
-"""Does the engine thread's Python run slower while other threads work, and which kind of work?
+"""Probe: how much slower the scheduler's steps run while other threads hash, copy or fill masks (CPU).
+
+Does the engine thread's Python run slower while other threads work, and which kind of work?
 (H200, 2026-12-02: beside llguidance's mask fill, the constrained 0.5b engine
 thread's ordinary scheduling code ran 40-75 % slower.)
 
-    python -m benchmarks.host_contention --tokenizer FOLDER [--threads 12] [--repeats 3]
+    python -m benchmarks.probes.host_contention --tokenizer FOLDER [--threads 12] [--repeats 3]
 
 The main thread runs the scheduler's real per-step work (``Scheduler.schedule`` + ``update`` on
-workload 1's 256 requests, as ``benchmarks/scheduler_cost.py``) while background threads, which
+workload 1's 256 requests, as ``benchmarks/probes/scheduler_cost.py``) while background threads, which
 never take the GIL while they work, do one of:
 
 - ``none``: nothing (the baseline);
@@ -38,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 
 from benchmarks.common import dump, environment, format_table
-from benchmarks.scheduler_cost import run_once
+from benchmarks.probes.scheduler_cost import run_once
 
 MODES = ("none", "hash", "copy", "masks")
 

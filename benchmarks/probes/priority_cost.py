@@ -1,6 +1,6 @@
-"""The throughput cost of priority scheduling on workload 1: random priorities versus none.
+"""Probe: the throughput cost of priority scheduling on workload 1: random priorities versus none.
 
-    python -m benchmarks.priority_cost --model qwen2.5-7b --out results/priority_7b.json
+    python -m benchmarks.probes.priority_cost --model qwen2.5-7b --out results/priority_7b.json
 
 One engine (dummy bf16 weights, the options of offline_throughput.py) runs workload 1 (256 requests,
 BENCHMARKS.md) alternately without priorities (every request at the default 0: FCFS) and with a

@@ -1,7 +1,9 @@
-"""Decode attention at small batches and short contexts (workload 2's regime): tile size, warps and
+"""Probe: tile, warps, stages and splits of the Triton decode-attention kernel at small batches (GPU).
+
+Decode attention at small batches and short contexts (workload 2's regime): tile size, warps and
 split count of the Triton decode kernel, timed as CUDA-graph replays (kernel + merge).
 
-    python -m benchmarks.decode_attention_small --out decode_small.json
+    python -m benchmarks.probes.decode_attention_small --out decode_small.json
 
 At batch 1 the 7b decode kernel has only num_kv_heads x num_splits programs; the H200 profile of
 workload 2 showed 6.9 us a layer for a ~300-token context (0.6 MB of K/V), i.e. latency, not

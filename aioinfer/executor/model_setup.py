@@ -1,4 +1,9 @@
-"""Everything the engine derives from the model source: weights, tokenizer, limits, EOS ids."""
+"""Everything an engine derives from the model source: weights, tokenizer, limits, EOS ids; and
+the device, dtype and CPU threads they are loaded with.
+
+The executor loads the model (every tensor-parallel rank its own shard, through the same
+``load_for_engine``); data-parallel replicas load theirs here too, then hand it to their executor.
+"""
 
 from __future__ import annotations
 
@@ -63,12 +68,8 @@ def load_for_engine(config: EngineConfig, tokenizer_loader: Optional[Callable[..
     tokenizer instead of each reading it again. ``tp`` (a TPGroup): load this rank's shard. Each
     phase is logged at INFO with its duration (a first start can take a minute, silently otherwise).
     """
-    from aioinfer.fetch import resolve_model_name
-
     started = time.perf_counter()
-    name = resolve_model_name(config.model.model)  # the default model is fetched on first use
-    if looks_like_hub_id(name):
-        name = str(download_from_hub(name))
+    name = local_model_name(config.model.model)
     if name != config.model.model:
         logger.info("model %s: resolved to %s in %.2f s", config.model.model, name, time.perf_counter() - started)
     device = resolve_device(config.device)
@@ -105,6 +106,16 @@ def load_for_engine(config: EngineConfig, tokenizer_loader: Optional[Callable[..
                        generation_defaults=sampling_defaults(config.model.generation_config, defaults),
                        eos_token_ids=_eos_ids(arch, tokenizer, defaults), device=device, dtype=dtype,
                        max_model_len=max_model_len)
+
+
+def local_model_name(name: str) -> str:
+    """``name`` as a local path: the default model fetched on first use, a hub id downloaded."""
+    from aioinfer.fetch import resolve_model_name
+
+    name = resolve_model_name(name)
+    if looks_like_hub_id(name):
+        name = str(download_from_hub(name))
+    return name
 
 
 def check_model_source(name: str) -> None:

@@ -1,12 +1,12 @@
-"""Rank 0 of a tensor-parallel engine: the ModelRunner interface over this process's shard, with
-every step first broadcast to the worker processes.
+"""The tensor-parallel executor, rank 0 of the group: this process's shard in a ModelRunner, with
+every step first sent to the worker processes of ranks 1..N-1.
 
-EngineCore picks this runner instead of ModelRunner when tensor_parallel_size > 1; the scheduler
-and everything above it never know. Start-up, in order: resolve the model to a local path every
-rank can open; check the split (before any process starts); spawn ranks 1..N-1; join the
-rendezvous (tcp://127.0.0.1:<free port>); broadcast the config; open the step channel
-(step_channel.py); load this rank's shard and agree on the KV block count. Each step: check the
-workers are alive, send the SchedulerOutput down the step channel, then run it here.
+EngineCore gets this executor instead of the local one when tensor_parallel_size > 1 (factory.py);
+the scheduler and everything above it never know. Start-up, in order: resolve the model to a local
+path every rank can open; check the split (before any process starts); spawn ranks 1..N-1; join
+the rendezvous (tcp://127.0.0.1:<free port>); broadcast the config; open the step channel
+(step_channel.py); load this rank's shard and agree on the KV block count (runner_setup.py). Each
+step: check the workers are alive, send the SchedulerOutput down the step channel, then run it here.
 
 Async scheduling works as at one rank: the engine may launch step N+1 before it collects step N.
 Each message carries how many launched steps rank 0 has not collected yet, and a worker collects
@@ -19,7 +19,7 @@ gathered whole, and the sampling noise is counter-based). Only rank 0's tokens l
 
 Ranks on other machines: set AIOINFER_TP_INIT_METHOD (e.g. ``env://`` with MASTER_ADDR and
 MASTER_PORT) and rank 0 spawns nothing; it waits for ranks 1..N-1 started with
-``python -m aioinfer.distributed.worker`` (docs/distributed.md).
+``python -m aioinfer.executor.tp_worker`` (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import socket
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -42,14 +42,13 @@ from aioinfer.distributed.group import (
     destroy_tp_group,
     init_tp_group,
 )
-from aioinfer.distributed.processes import WorkerProcesses
-from aioinfer.distributed.rank_setup import (
-    build_rank_runner,
-    check_shardable,
-    rank_config,
-)
-from aioinfer.distributed.step_channel import GlooStepChannel, StepSender, open_step_sender
 from aioinfer.errors import TensorParallelError, WorkerProcessError
+from aioinfer.executor.abstract import Executor
+from aioinfer.executor.model_setup import local_model_name, resolve_device
+from aioinfer.executor.runner_setup import build_rank_runner, check_shardable, rank_config
+from aioinfer.executor.step_channel import GlooStepChannel, StepSender, open_step_sender
+from aioinfer.executor.tp_processes import WorkerProcesses
+from aioinfer.models.loader import load_arch_config, resolve_model_source
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +72,16 @@ class _Launched:
     done: torch.cuda.Event | None  # recorded after the step's device work; None on CPU
 
 
-class TensorParallelRunner:
-    """``launch`` / ``collect`` / ``execute`` like ModelRunner; ``shutdown`` stops the workers."""
+class TensorParallelExecutor(Executor):
+    """Rank 0's ModelRunner, each step first sent to the workers; ``shutdown`` stops them.
+
+    Grammar masks are computed at launch (rank 0 sends them to the other ranks in the step), so
+    ``defers_masks`` is False; swap preemption is not offered (no host blocks).
+    """
+
+    defers_masks = False
 
     def __init__(self, config: EngineConfig) -> None:
-        from aioinfer.engine.model_setup import resolve_device
-        from aioinfer.models.loader import load_arch_config, resolve_model_source
-
         size = config.parallel.tensor_parallel_size
         config = _with_local_model(config)
         check_shardable(load_arch_config(resolve_model_source(config.model.model)), size)
@@ -118,16 +120,9 @@ class TensorParallelRunner:
         return self.runner.num_kv_blocks
 
     @property
-    def graphs(self):
-        return self.runner.graphs
-
-    @property
     def worker_pids(self) -> list[int]:
         workers = self._resources.workers
         return workers.pids if workers is not None else []
-
-    def execute(self, scheduler_output) -> Any:
-        return self.collect(self.launch(scheduler_output))
 
     def launch(self, scheduler_output) -> _Launched:
         self._check_workers()
@@ -144,7 +139,9 @@ class TensorParallelRunner:
             done.record()
         return _Launched(inner, done)
 
-    def collect(self, launched: _Launched) -> Any:
+    def collect(self, launched: _Launched, masks_of: Any = None) -> Any:
+        if masks_of is not None:
+            raise NotImplementedError("tensor parallelism computes grammar masks at launch (defers_masks is False)")
         self._uncollected -= 1
         if launched.done is not None:
             self._wait(launched.done)
@@ -153,6 +150,9 @@ class TensorParallelRunner:
         except Exception as exc:
             self._raise_worker_failure(exc)
             raise
+
+    def grammar_failure(self, grammar: Any) -> Optional[str]:
+        return self.runner.grammar_masks.failure(grammar)  # rank 0's masks, in this process
 
     def shutdown(self) -> None:
         """Send the stop sentinel, join the workers, leave the group. Idempotent."""
@@ -239,12 +239,7 @@ def _release(resources: _Resources) -> None:
 def _with_local_model(config: EngineConfig) -> EngineConfig:
     """The config with ``model`` resolved to a local path (default-model alias, hub download): done
     once here, so that the workers never download anything themselves."""
-    from aioinfer.fetch import resolve_model_name
-    from aioinfer.models.hub import download_from_hub, looks_like_hub_id
-
-    name = resolve_model_name(config.model.model)
-    if looks_like_hub_id(name):
-        name = str(download_from_hub(name))
+    name = local_model_name(config.model.model)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, model=name))
 
 

@@ -1,8 +1,10 @@
-"""Host cost of the n-gram proposer (spec_decode/ngram.py): µs per draft attempt, and per prompt token
+"""Probe: host µs of the n-gram proposer per draft attempt and per prompt token indexed (CPU).
+
+Host cost of the n-gram proposer (spec_decode/ngram.py): µs per draft attempt, and per prompt token
 for the index's first build. It runs on the engine thread under the interpreter lock, once per
 drafting request per step, so its cost is paid in the step's host time.
 
-    python -m benchmarks.ngram_proposer_cost --out ngram.json
+    python -m benchmarks.probes.ngram_proposer_cost --out ngram.json
 
 Sequences: this repository's own text and code as token ids of a real tokenizer (``--tokenizer``,
 a folder or a .gguf; default: the SmolLM2 GGUF in the aioinfer cache if present), else random ids
@@ -67,7 +69,7 @@ def main() -> None:
 
 
 def _sequences(args) -> tuple[dict[str, list[list[int]]], str]:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the repository
     texts = [p.read_text() for p in sorted((root / "docs").glob("*.md"))] + \
             [p.read_text() for p in sorted((root / "aioinfer").rglob("*.py"))]
     need = args.prompt_len + args.output_len

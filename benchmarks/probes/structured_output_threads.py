@@ -1,9 +1,11 @@
-"""llguidance's executor on this host: masks and advances for 256 matchers of the free-strings schema
+"""Probe: llguidance mask/advance time of 256 matchers by executor thread count and matcher construction.
+
+llguidance's executor on this host: masks and advances for 256 matchers of the free-strings schema
 (random allowed tokens), by thread count and by how the matchers were made: K deep copies' templates
 (``deep_copy`` of K independently built matchers; copies share their template's lexer state) or 0 =
 each matcher built on its own (what the compiler does).
 
-    python -m benchmarks.structured_output_threads TOKENIZER_FOLDER [THREADS=1,4,8,12,15] [K=1,16,0]
+    python -m benchmarks.probes.structured_output_threads TOKENIZER_FOLDER [THREADS=1,4,8,12,15] [K=1,16,0]
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""What one SSE chunk costs the serving process in hypercorn, before any engine work: the floor
+"""Probe: serving-thread CPU per SSE chunk in hypercorn and Quart, the HTTP floor per streamed token (CPU).
+
+What one SSE chunk costs the serving process in hypercorn, before any engine work: the floor
 under the HTTP server's host budget per streamed token (CPU, any machine).
 
-    python -m benchmarks.sse_chunk_floor --chunks 100000 --out chunk_floor.json
+    python -m benchmarks.probes.sse_chunk_floor --chunks 100000 --out chunk_floor.json
 
 A hypercorn process serves one response of ``--chunks`` chunks of an SSE event's size (about what
 one token's event is), as fast as a raw-socket client in this process reads them, three ways:
@@ -116,7 +118,7 @@ def run_variant(name: str, chunks: int, repeats: int) -> dict:
         env = dict(os.environ, SSE_FLOOR_CHUNKS=str(chunks), SSE_FLOOR_EVENTS_PER_CHUNK=str(per_chunk),
                    SSE_FLOOR_OUT=str(out), SSE_FLOOR_APP=app, PYTHONPATH=os.pathsep.join(
                        [str(Path.cwd()), os.environ.get("PYTHONPATH", "")]))
-        server = subprocess.Popen([sys.executable, "-m", "hypercorn", f"benchmarks.sse_chunk_floor:{app}",
+        server = subprocess.Popen([sys.executable, "-m", "hypercorn", f"benchmarks.probes.sse_chunk_floor:{app}",
                                    "--bind", f"127.0.0.1:{port}"], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:

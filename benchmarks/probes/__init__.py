@@ -1,0 +1,1 @@
+"""Diagnostics and one-off probes (benchmarks/probes/README.md): run as ``python -m benchmarks.probes.NAME``."""

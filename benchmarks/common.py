@@ -1,5 +1,5 @@
 """Shared pieces of the benchmarks: model shapes, dummy model folders, the workloads of
-../shared/BENCHMARKS.md, in-run ceilings (copy bandwidth, bf16 matrix rate) and the floors.
+benchmarks/README.md, in-run ceilings (copy bandwidth, bf16 matrix rate) and the floors.
 
 Nothing here imports aioinfer or transformers at module load, so the child processes that run
 one system each start lean.
@@ -214,12 +214,12 @@ def _median(xs: Sequence[float]) -> float:
 
 
 def ceilings(measure: bool) -> dict[str, float]:
-    """Copy bandwidth and matrix rate measured now (CUDA), or BENCHMARKS.md's figures otherwise."""
+    """Copy bandwidth and matrix rate measured now (CUDA), or benchmarks/README.md's figures otherwise."""
     if measure:
         return {"copy_bytes_per_s": measure_copy_bandwidth(), "matmul_flop_per_s": measure_matmul_rate(),
                 "ceilings_source": "measured in this run"}
     return {"copy_bytes_per_s": 4.27e12, "matmul_flop_per_s": 790e12,
-            "ceilings_source": "BENCHMARKS.md (not measured: no CUDA)"}
+            "ceilings_source": "benchmarks/README.md (not measured: no CUDA)"}
 
 
 # ----------------------------------------------------------------------------- floors

@@ -10,7 +10,7 @@ Each system runs in its own child process (own CUDA context; memory freed betwee
   CUDA graphs on / off;
 - ``hf-generate``: plain ``generate`` on static batches (sdpa, left padding); a batch runs until its
   longest request is done, and only the requested tokens are counted.
-The peers are slow (BENCHMARKS.md: ~4 minutes for the whole workload on 7b), hence the subset.
+The peers are slow (~4 minutes for the whole workload on 7b), hence the subset.
 Reports output tok/s, the ratio to each peer (same subset) and the ratio to the physical floor.
 """
 

@@ -8,7 +8,7 @@ percentiles, and the host budget: CPU µs per output token of each thread of the
     python -m benchmarks.serve_throughput --model tiny --device cpu --null-runner-ms 5 --num-requests 64 \\
         --max-input-len 200 --max-output-len 200 --clients 2 --tokenizer DIR      # the CPU (host-cost) variant
 
-The workload is BENCHMARKS.md's workload 1 (256 requests, prompts and outputs of 100-1024 tokens,
+The workload is benchmarks/README.md's workload 1 (256 requests, prompts and outputs of 100-1024 tokens,
 random ids, EOS ignored, greedy), dummy weights. ``--tokenizer`` (a folder of tokenizer files; a
 Qwen2.5 tokenizer for the Qwen shapes) makes every path detokenize as real serving does; without
 one, outputs are token ids only and the server sends almost no text. ``--null-runner-ms`` replaces
@@ -70,7 +70,7 @@ def main() -> None:
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra hypercorn argument for aioinfer's server (repeatable, e.g. --server-arg=--backlog=100)")
     p.add_argument("--vllm-server", action="store_true",
-                   help="also vLLM's server (../shared/gpu/fetch-vllm-peer.sh; see --vllm-pythonpath)")
+                   help="also vLLM's server (installed under --vllm-pythonpath)")
     p.add_argument("--vllm-pythonpath", default=os.environ.get("VLLM_PYTHONPATH"),
                    help="PYTHONPATH of vLLM's server alone (e.g. /tmp/vllm-site), so that its packages "
                         "never shadow aioinfer's; default: $VLLM_PYTHONPATH, else the inherited one")

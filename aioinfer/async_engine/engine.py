@@ -1,6 +1,6 @@
 """The embeddable async engine: ``async with Engine(...) as engine`` inside any anyio application.
 
-Structure (DESIGN.md's data flow): the step loop runs on one dedicated GPU thread; this object's
+Structure (docs/design.md's data flow): the step loop runs on one dedicated GPU thread; this object's
 task group owns it (a task awaits the thread's end, so it is joined on exit). Requests reach the
 thread through its inbox; each step's results come back through a ``LoopBridge`` (queued, run on
 the loop in order, the GPU thread waiting only when several steps are unprocessed) into

@@ -2,7 +2,7 @@
 one per token-count bucket.
 
 Small models are launch-bound: a decode step of a 24-layer model is hundreds of kernels, and
-replaying a graph costs about a microsecond per kernel instead of several (BENCHMARKS.md). So is
+replaying a graph costs about a microsecond per kernel instead of several (benchmarks/README.md). So is
 any step of a few dozen tokens on a large model: the tail of a prompt after a prefix-cache hit
 (32 tokens after 4096 cached ones) takes ~15 ms to launch eagerly on the H200, against ~4 ms of
 kernels. Graphs are captured largest first, all in one shared memory pool, over static input buffers.

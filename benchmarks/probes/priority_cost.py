@@ -3,7 +3,7 @@
     python -m benchmarks.probes.priority_cost --model qwen2.5-7b --out results/priority_7b.json
 
 One engine (dummy bf16 weights, the options of offline_throughput.py) runs workload 1 (256 requests,
-BENCHMARKS.md) alternately without priorities (every request at the default 0: FCFS) and with a
+benchmarks/README.md) alternately without priorities (every request at the default 0: FCFS) and with a
 random priority per request (uniform in [0, ``--levels``), fixed seed), ``--repeats`` times each,
 after a short warm-up; "none" and "random" runs interleave so that drift (clocks, allocator) hits
 both alike. Reported: output tok/s per run, the medians, and the cost of random priorities =

@@ -1,7 +1,7 @@
 """HTTP errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
 Every failure a route can meet is turned into an ``APIError`` here, in one place, so that the
-status code of each exception type is decided once (DESIGN.md: typed exceptions at the edges).
+status code of each exception type is decided once (typed exceptions inside, the API's error JSON at the edge).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ and the batch-1 linear layers.
 
 Importing this package does NOT import triton: the kernel modules (``rms_norm``, ``rotary``, ...) do,
 and the layers reach them only through :func:`fused_ops`, only for CUDA tensors. CPU paths never
-import triton (DESIGN.md).
+import triton (the design's rule: the CPU path runs without Triton installed).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
-from aioinfer.options import check_bools, context_length, declared, human_readable_int, option
+from aioinfer.options import check_values, context_length, declared, human_readable_int, option
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # vLLM's other spellings of the same types (its --dtype choices), taken and stored as the names above
@@ -54,7 +54,7 @@ class ModelConfig:
                         "half type on CUDA), float32, float16 (half), bfloat16", choices=(*DTYPES, *DTYPE_ALIASES))
     load_format: str = option("auto", help="weights' format", choices=LOAD_FORMATS)
     # tokens; None: the model's max_position_embeddings
-    max_model_len: Optional[int] = option(None, parse=context_length, help="context length; vLLM's suffixes: "
+    max_model_len: Optional[int] = option(None, parse=context_length, minimum=1, help="context length; vLLM's suffixes: "
                                           "2k = 2000, 32K = 32768 (default: the model's)")
     seed: int = option(0, help="seeds dummy weights and the draws of unseeded requests")
     # folder of tokenizer files, when not beside the weights
@@ -65,82 +65,62 @@ class ModelConfig:
                                     "model's generation_config.json), vllm (none), or a folder holding one")
     # vLLM's: the most logprobs (sampled or prompt) a request may ask for a position; -1: the whole
     # vocabulary, which is also what a request's -1 asks for (then allowed only with this at -1 or >= it)
-    max_logprobs: int = option(20, help="most logprobs a request may ask for a position (-1: the whole "
-                               "vocabulary)")
+    max_logprobs: int = option(20, minimum=-1, help="most logprobs a request may ask for a position (-1: the "
+                               "whole vocabulary)")
 
     def __post_init__(self) -> None:
         if isinstance(self.dtype, str) and self.dtype in DTYPE_ALIASES:
             object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
+        check_values(self)
         _check(isinstance(self.model, str) and self.model, "model", self.model, "must be a non-empty string")
         _check(self.generation_config in ("auto", "vllm") or (
             isinstance(self.generation_config, str) and os.path.isfile(
                 os.path.join(self.generation_config, "generation_config.json"))), "generation_config",
             self.generation_config, "must be 'auto', 'vllm' or a folder with a generation_config.json")
-        _check(self.dtype in DTYPES, "dtype", self.dtype, f"must be one of {DTYPES}")
-        _check(self.load_format in LOAD_FORMATS, "load_format", self.load_format, f"must be one of {LOAD_FORMATS}")
-        _check(self.max_model_len is None or _positive_int(self.max_model_len), "max_model_len",
-               self.max_model_len, "must be a positive integer or None")
-        _check(isinstance(self.max_logprobs, int) and not isinstance(self.max_logprobs, bool)
-               and self.max_logprobs >= -1, "max_logprobs", self.max_logprobs,
-               "must be an integer >= 0, or -1 (the whole vocabulary)")
 
 
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
-    block_size: int = option(16, help="tokens per KV block")
+    block_size: int = option(16, minimum=1, maximum=1024, help="tokens per KV block")
     # explicit pool size; None: sized from memory
-    num_kv_blocks: Optional[int] = option(None, help="KV pool size in blocks (default: from memory)")
-    gpu_memory_utilization: float = option(0.9, help="CUDA: fraction of device memory the engine may use in all")
-    cpu_kv_cache_gib: float = option(1.0, help="CPU: KV pool size in GiB when --num-kv-blocks is not given")
+    num_kv_blocks: Optional[int] = option(None, minimum=1, help="KV pool size in blocks (default: from memory)")
+    gpu_memory_utilization: float = option(0.9, above=0, maximum=1,
+                                           help="CUDA: fraction of device memory the engine may use in all")
+    cpu_kv_cache_gib: float = option(1.0, above=0, help="CPU: KV pool size in GiB when --num-kv-blocks is not given")
     # reuse full blocks of equal prompt prefixes (chained block hashes)
     enable_prefix_caching: bool = option(True, help="reuse KV blocks of equal prompt prefixes")
     # pinned host memory for KV blocks of swapped-out requests (GiB per engine); vLLM's swap_space
     # (vllm_options.RENAMED, which also makes --swap-space a flag of it)
-    swap_space_gib: float = option(4.0, help="pinned host memory for swapped-out KV blocks, GiB")
+    swap_space_gib: float = option(4.0, minimum=0, help="pinned host memory for swapped-out KV blocks, GiB")
 
     def __post_init__(self) -> None:
-        check_bools(self)
-        _check(_positive_int(self.block_size) and self.block_size <= 1024, "block_size", self.block_size,
-               "must be a positive integer <= 1024")
-        _check(self.num_kv_blocks is None or _positive_int(self.num_kv_blocks), "num_kv_blocks",
-               self.num_kv_blocks, "must be a positive integer or None")
-        _check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", self.gpu_memory_utilization,
-               "must be in (0, 1]")
-        _check(self.cpu_kv_cache_gib > 0, "cpu_kv_cache_gib", self.cpu_kv_cache_gib, "must be > 0")
-        _check(self.swap_space_gib >= 0, "swap_space_gib", self.swap_space_gib, "must be >= 0")
+        check_values(self)
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    max_num_seqs: int = option(256, help="requests running at once")
+    max_num_seqs: int = option(256, minimum=1, help="requests running at once")
     # tokens computed per step (the token budget)
-    max_num_batched_tokens: int = option(8192, parse=human_readable_int,
+    max_num_batched_tokens: int = option(8192, parse=human_readable_int, minimum=1,
                                          help="tokens computed per step (2k = 2000, 8K = 8192)")
     # "recompute" | "swap" (to pinned host memory; recompute when it is full)
     preemption_mode: str = option("recompute", help="recompute | swap (to pinned host memory)",
                                   choices=PREEMPTION_MODES)
 
     def __post_init__(self) -> None:
-        _check(_positive_int(self.max_num_seqs), "max_num_seqs", self.max_num_seqs, "must be a positive integer")
-        _check(_positive_int(self.max_num_batched_tokens), "max_num_batched_tokens",
-               self.max_num_batched_tokens, "must be a positive integer")
-        _check(self.preemption_mode in PREEMPTION_MODES, "preemption_mode", self.preemption_mode,
-               "must be 'recompute' or 'swap'")
+        check_values(self)
 
 
 @dataclass(frozen=True, slots=True)
 class ParallelConfig:
-    tensor_parallel_size: int = option(1, aliases=("-tp",), help="ranks splitting each layer (one worker "
+    tensor_parallel_size: int = option(1, aliases=("-tp",), minimum=1, help="ranks splitting each layer (one worker "
                                        "process per extra rank)")
     # whole-model replicas in this process, one engine (and GPU) each
-    data_parallel_size: int = option(1, aliases=("-dp",), help="whole-model replicas, one GPU (and GPU thread) "
+    data_parallel_size: int = option(1, aliases=("-dp",), minimum=1, help="whole-model replicas, one GPU (and GPU thread) "
                                      "each, behind one router")
 
     def __post_init__(self) -> None:
-        _check(_positive_int(self.tensor_parallel_size), "tensor_parallel_size", self.tensor_parallel_size,
-               "must be a positive integer")
-        _check(_positive_int(self.data_parallel_size), "data_parallel_size", self.data_parallel_size,
-               "must be a positive integer")
+        check_values(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,17 +190,17 @@ class EngineConfig:
     # CPU only: torch intra-op threads for this process, set when the model loads (None: one, unless
     # OMP_NUM_THREADS is set; executor/model_setup.py apply_cpu_threads says why).
     # Here, not in ModelConfig: like `device`, it says how this process computes, not what the model is.
-    cpu_threads: Optional[int] = option(None, help="CPU device: torch intra-op threads (default: 1, or "
+    cpu_threads: Optional[int] = option(None, minimum=1, help="CPU device: torch intra-op threads (default: 1, or "
                                         "OMP_NUM_THREADS; more pay only on an idle machine)")
     attention_backend: str = option("auto", help="attention implementation: auto, triton, flash_attn, torch")
     enforce_eager: bool = option(False, help="no CUDA graphs")  # True: no CUDA graphs
     # decode batches up to this size replay captured graphs
-    max_cuda_graph_batch_size: int = option(256, help="CUDA: decode batches up to this size replay captured "
+    max_cuda_graph_batch_size: int = option(256, minimum=1, help="CUDA: decode batches up to this size replay captured "
                                             "graphs")
     # Prefill and mixed steps of up to this many tokens replay captured graphs too (0: eager). Such a
     # step (a prompt's tail after a prefix-cache hit, a short prompt beside decode rows) is a few
     # dozen tokens through every layer: eager, its launches take longer than its kernels.
-    max_cuda_graph_prefill_tokens: int = option(256, help="CUDA: prefill and mixed steps of up to this many "
+    max_cuda_graph_prefill_tokens: int = option(256, minimum=0, help="CUDA: prefill and mixed steps of up to this many "
                                                 "tokens replay captured graphs too (0: eager)")
     # schedule step N+1 before step N's ids are back (None: on CUDA)
     async_scheduling: Optional[bool] = option(None, help="schedule step N+1 before step N's results are back "
@@ -233,28 +213,15 @@ class EngineConfig:
     # as text (a schema's JSON, a grammar, a regex, the choices as a JSON list), in bytes; and the
     # seconds a request waits for its constraint to compile (past it: a 400, and the same constraint
     # sent again is refused at once)
-    structured_outputs_max_bytes: int = option(1 << 20, help="largest structured-output constraint (schema, "
+    structured_outputs_max_bytes: int = option(1 << 20, minimum=1, help="largest structured-output constraint (schema, "
                                                "grammar, regex, choices) a request may carry, in bytes")
-    structured_outputs_compile_timeout: float = option(10.0, help="seconds a request waits for its constraint "
+    structured_outputs_compile_timeout: float = option(10.0, above=0, help="seconds a request waits for its constraint "
                                                        "to compile before a 400")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative", SpeculativeConfig.from_value(self.speculative))
-        check_bools(self)
+        check_values(self)
         _check(is_valid_device(self.device), "device", self.device, "must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
-        _check(self.cpu_threads is None or _positive_int(self.cpu_threads), "cpu_threads", self.cpu_threads,
-               "must be a positive integer or None")
-        _check(_positive_int(self.max_cuda_graph_batch_size), "max_cuda_graph_batch_size",
-               self.max_cuda_graph_batch_size, "must be a positive integer")
-        _check(isinstance(self.max_cuda_graph_prefill_tokens, int) and not isinstance(
-            self.max_cuda_graph_prefill_tokens, bool) and self.max_cuda_graph_prefill_tokens >= 0,
-            "max_cuda_graph_prefill_tokens", self.max_cuda_graph_prefill_tokens, "must be an integer >= 0")
-        _check(_positive_int(self.structured_outputs_max_bytes), "structured_outputs_max_bytes",
-               self.structured_outputs_max_bytes, "must be a positive integer")
-        _check(isinstance(self.structured_outputs_compile_timeout, (int, float))
-               and not isinstance(self.structured_outputs_compile_timeout, bool)
-               and self.structured_outputs_compile_timeout > 0, "structured_outputs_compile_timeout",
-               self.structured_outputs_compile_timeout, "must be > 0 (seconds)")
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineConfig":

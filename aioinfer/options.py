@@ -3,7 +3,8 @@
 An option used to be spelled in five places (the field, the server's table of variables, ``serve``'s
 help and vLLM spellings, ``generate``'s own flags, the docs), and the copies drifted: ``generate``
 had no ``-tp``. Now the field's metadata says everything the outside needs (help, the parser of its
-text, the values a flag accepts, vLLM's other spellings), and the rest is generated from it: the
+text, the values a flag accepts, its bounds, vLLM's other spellings), and the rest is generated from
+it: the values' checks (``check_values``, called by the dataclass), the
 ``AIOINFER_*`` variables (``read_env``), the flags of ``serve``, ``generate`` / ``chat`` and
 ``EngineArgs`` (option_flags.py), the server's ``ENGINE_OPTIONS``; a test holds docs/server.md's
 table to the declarations. Adding an option is one field with ``option(...)`` plus its use.
@@ -39,6 +40,9 @@ class Option:
     flag_parse: Optional[Callable[[str], Any]] = None  # a flag's stricter parser (the variable's check is the config's)
     multi: bool = False  # the flag takes one value or several (vLLM's nargs "+"); the variable one
     disable_flag: Optional[str] = None  # a bool whose one flag turns it off (--disable-log-requests), no switch
+    minimum: Optional[float] = None  # a number's least value (check_values)
+    above: Optional[float] = None  # a number must be greater than this
+    maximum: Optional[float] = None  # a number's greatest value
 
 
 def option(default: Any = _MISSING, *, default_factory: Any = _MISSING, **declared: Any) -> Any:
@@ -57,6 +61,7 @@ class Spec:
     default: Any  # the field's default (None where it has none or a factory)
     parse: Callable[[str], Any]  # bool, int, float, str or a parser raising ValueError
     option: Option
+    kind: Optional[type]  # the value's type from the annotation (bool, int, float, str); None: another
 
     @property
     def is_bool(self) -> bool:
@@ -88,24 +93,65 @@ def declared(cls: type) -> tuple[Spec, ...]:
         declared_option = f.metadata.get("option")
         if declared_option is None:
             continue
-        parse = declared_option.parse
+        match = _OPTIONAL.fullmatch(str(f.type))
+        kind = _PLAIN_TYPES.get(match.group(1)) if match else None
+        parse = declared_option.parse or kind
         if parse is None:
-            match = _OPTIONAL.fullmatch(str(f.type))
-            parse = _PLAIN_TYPES.get(match.group(1)) if match else None
-            if parse is None:
-                raise TypeError(f"{cls.__name__}.{f.name}: type {f.type} needs option(parse=...)")
+            raise TypeError(f"{cls.__name__}.{f.name}: type {f.type} needs option(parse=...)")
         default = f.default if f.default is not _MISSING else None
-        specs.append(Spec(declared_option.name or f.name, f.name, cls, default, parse, declared_option))
+        specs.append(Spec(declared_option.name or f.name, f.name, cls, default, parse, declared_option, kind))
     return tuple(specs)
 
 
-def check_bools(obj: Any) -> None:
-    """ValueError naming the option for a declared bool field holding anything but a bool (True, not 1)."""
+def check_values(obj: Any) -> None:
+    """ValueError naming the option for a declared field whose value its declaration refuses: a bool
+    that is not a bool (True, not 1), a number of the wrong type or out of its bounds (minimum, above,
+    maximum), a text outside its choices; None only where the default is None. Checks a declaration
+    cannot say (a device's form, a folder that must exist) stay in the dataclass's own __post_init__."""
     for spec in declared(type(obj)):
         value = getattr(obj, spec.field)
-        if spec.is_bool and not (isinstance(value, bool) or (value is None and spec.default is None)):
-            raise ValueError(f"{spec.name} must be a bool{' or None' if spec.default is None else ''}, "
-                             f"got {value!r}")
+        if value is None and spec.default is None:
+            continue
+        if not _allowed(spec, value):
+            raise ValueError(f"{spec.name} must be {_expected(spec)}, got {value!r}")
+
+
+def _allowed(spec: Spec, value: Any) -> bool:
+    kind, declared_option = spec.kind, spec.option
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind in (int, float):
+        if isinstance(value, bool) or not isinstance(value, (int,) if kind is int else (int, float)):
+            return False
+        return ((declared_option.minimum is None or value >= declared_option.minimum)
+                and (declared_option.above is None or value > declared_option.above)
+                and (declared_option.maximum is None or value <= declared_option.maximum))
+    if kind is str:
+        return isinstance(value, str) and (declared_option.choices is None or value in declared_option.choices)
+    return True
+
+
+def _expected(spec: Spec) -> str:
+    """What ``spec`` takes, in words: 'a positive integer', 'an integer in [0, 2]', 'in (0, 1]', 'one of (...)'."""
+    declared_option, kind = spec.option, spec.kind
+    low, above, high = declared_option.minimum, declared_option.above, declared_option.maximum
+    if kind is bool:
+        words = "a bool"
+    elif kind is str:
+        words = f"one of {declared_option.choices}" if declared_option.choices else "a string"
+    else:
+        if above is not None and high is not None:
+            bounds = f"in ({above:g}, {high:g}]"
+        elif low is not None and high is not None:
+            bounds = f"in [{low:g}, {high:g}]"
+        else:
+            bounds = " and ".join(f"{sign} {bound:g}" for sign, bound in ((">=", low), (">", above), ("<=", high))
+                                  if bound is not None)
+        if kind is int:
+            words = "a positive integer" if (low == 1 and high is None) else f"an integer {bounds}".rstrip()
+        else:
+            words = bounds or "a number"
+    return words + (" or None" if spec.default is None else "")
 
 
 def env_name(name: str) -> str:

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Union
 
-from aioinfer.options import Spec, declared, option, read_env, string_list_json
+from aioinfer.options import Spec, check_values, declared, option, read_env, string_list_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,7 @@ class AsyncEngineOptions:
     """The async ``Engine``'s own keyword arguments, declared as options for the server's variables and
     flags. Never built: the Engine takes them as keywords, with its defaults and checks
     (async_engine/engine.py); None here means the Engine's default, which the help names
-    (tests/test_options.py holds the two together)."""
+    (tests/entrypoints/test_options.py holds the two together)."""
 
     max_waiting_requests: Optional[int] = option(None, help="admission bound: queued requests before 429 "
                                                  "(default: 512)")
@@ -72,21 +72,21 @@ class ServerConfig:
     api_key: Union[str, tuple[str, ...], None] = option(
         None, parse=str, multi=True, help="require 'Authorization: Bearer KEY' with this key, or one of these keys "
         "(not on /health, /ready, /metrics)")
-    max_body_bytes: int = option(8 * 1024 * 1024, help="larger request bodies get 413")
+    max_body_bytes: int = option(8 * 1024 * 1024, minimum=1, help="larger request bodies get 413")
     # seconds in-flight requests may run on after SIGTERM before being aborted
-    shutdown_grace: float = option(10.0, help="seconds in-flight requests may finish after SIGTERM")
+    shutdown_grace: float = option(10.0, minimum=0, help="seconds in-flight requests may finish after SIGTERM")
     # upper bound on `n` (each choice is a separate engine request)
-    max_n: int = option(64, help="largest n accepted")
+    max_n: int = option(64, minimum=1, help="largest n accepted")
     # Most (token, logprob) entries one response may carry, prompt and output logprobs of every choice
     # together (SamplingParams.logprob_entries); more is a 400 before admission. An entry is ~80 bytes of
     # JSON and ~370 bytes of host memory at the peak of building the response: 2**20 is ~80 MB and ~0.4 GB.
-    max_logprob_entries: int = option(1 << 20, help="most (token, logprob) entries one response may carry, "
+    max_logprob_entries: int = option(1 << 20, minimum=1, help="most (token, logprob) entries one response may carry, "
                                       "prompt and output, all choices")
     # one JSON line per finished request on the "aioinfer.requests" logger
     log_requests: bool = option(True, disable_flag="--disable-log-requests", help="no per-request JSON log lines")
     # Connections the kernel queues for accept (0: leave the HTTP server's own, hypercorn's 100);
     # entrypoints/openai/listen_backlog.py says why 2048.
-    listen_backlog: int = option(2048, help="connections queued for accept (0: hypercorn's 100)")
+    listen_backlog: int = option(2048, minimum=0, help="connections queued for accept (0: hypercorn's 100)")
     # vLLM's switches of the same names (off by default, as there):
     # every response carries X-Request-Id (the client's, or a new one)
     enable_request_id_headers: bool = option(False, help="add X-Request-Id to every response (the client's, or a "
@@ -139,7 +139,7 @@ class ServerConfig:
     ssl_ca_certs: Optional[str] = option(None, help="PEM CA certificates that client certificates are checked "
                                          "against")
     # client certificates: 0 none, 1 optional, 2 required (Python's ssl.CERT_*)
-    ssl_cert_reqs: int = option(0, help="client certificates: 0 not asked, 1 optional, 2 required (Python's "
+    ssl_cert_reqs: int = option(0, minimum=0, maximum=2, help="client certificates: 0 not asked, 1 optional, 2 required (Python's "
                                 "ssl.CERT_*)")
     # OpenSSL cipher list for TLS <= 1.2 (None: hypercorn's)
     ssl_ciphers: Optional[str] = option(None, help="OpenSSL cipher list for TLS 1.2 and below (default: "
@@ -153,16 +153,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         for name in ("served_model_name", "api_key"):
             self._one_or_more(name)
-        if not (isinstance(self.max_body_bytes, int) and self.max_body_bytes > 0):
-            raise ValueError(f"max_body_bytes must be a positive integer, got {self.max_body_bytes!r}")
-        if not self.shutdown_grace >= 0:
-            raise ValueError(f"shutdown_grace must be >= 0, got {self.shutdown_grace!r}")
-        if not (isinstance(self.max_n, int) and self.max_n >= 1):
-            raise ValueError(f"max_n must be a positive integer, got {self.max_n!r}")
-        if not (isinstance(self.max_logprob_entries, int) and self.max_logprob_entries >= 1):
-            raise ValueError(f"max_logprob_entries must be a positive integer, got {self.max_logprob_entries!r}")
-        if not (isinstance(self.listen_backlog, int) and self.listen_backlog >= 0):
-            raise ValueError(f"listen_backlog must be an integer >= 0, got {self.listen_backlog!r}")
+        check_values(self)
         if self.chat_template is not None:
             self.resolved_chat_template()  # a missing file fails at start-up, not at the first chat request
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
@@ -198,9 +189,6 @@ class ServerConfig:
     def _check_tls(self) -> None:
         """TLS settings that would otherwise fail late (in hypercorn, after the model started loading)
         or quietly serve plain HTTP: files that are missing, a key or CA without a certificate."""
-        if self.ssl_cert_reqs not in (0, 1, 2):
-            raise ValueError(f"ssl_cert_reqs must be 0 (none), 1 (optional) or 2 (required), "
-                             f"got {self.ssl_cert_reqs!r}")
         for name in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
             path = getattr(self, name)
             if path is not None and not os.path.isfile(path):

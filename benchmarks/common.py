@@ -99,6 +99,7 @@ class ModelShape:
 SHAPES: dict[str, ModelShape] = {
     "qwen2.5-0.5b": ModelShape("qwen2.5-0.5b", 24, 896, 14, 2, 64, 4864, 151936, True),
     "qwen2.5-7b": ModelShape("qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064, False),
+    "qwen2.5-14b": ModelShape("qwen2.5-14b", 48, 5120, 40, 8, 128, 13824, 152064, False),
     # For smoke-testing the scripts on a CPU only; never a reported number.
     "tiny": ModelShape("tiny", 2, 64, 4, 2, 16, 128, 1000, True, max_position=4096),
 }
@@ -259,7 +260,7 @@ def workload_floor(shape: ModelShape, requests: Sequence[Request], copy_bytes_pe
 
 def environment() -> dict[str, Any]:
     info: dict[str, Any] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                            "python": platform.python_version(), "host": platform.node()}
+                            "python": platform.python_version(), "host": platform.node(), "commit": _commit()}
     try:
         import torch
 
@@ -279,15 +280,31 @@ def environment() -> dict[str, Any]:
     return info
 
 
-def run_child(args: list[str], timeout_s: float) -> dict[str, Any]:
+def _commit() -> Optional[str]:
+    """The measured tree's commit: $AIOINFER_BENCH_COMMIT (a copy without .git, as on the GPU machine),
+    else git's HEAD (with "+dirty" when the tree differs from it), else None."""
+    if os.environ.get("AIOINFER_BENCH_COMMIT"):
+        return os.environ["AIOINFER_BENCH_COMMIT"]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10, cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+dirty" if dirty else "")) or None
+
+
+def run_child(args: list[str], timeout_s: float, env: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """Run ``python -m <args>`` in a fresh process (own CUDA context, memory freed on exit) and return
-    the JSON it wrote to the file named by its ``--child-out``; on failure, ``{"error": ...}``."""
+    the JSON it wrote to the file named by its ``--child-out``; on failure, ``{"error": ...}``. ``env``:
+    the child's whole environment (default: this process's)."""
     import tempfile
 
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
     cmd = [sys.executable, "-m", *args, "--child-out", path]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     print("+", " ".join(cmd), flush=True)
     try:
         proc = subprocess.run(cmd, env=env, timeout=timeout_s)

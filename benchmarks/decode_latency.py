@@ -7,13 +7,15 @@ first token) and T(256) = time of the full run; TPOT = (T(256) - T(1)) / 255, th
 ``--repeats`` runs each. The floor per step is the decode step floor of common.py (weights + KV
 read over the measured copy rate, or the matrix work over the matrix rate), averaged over the 255
 steps. ``--hf-peer`` adds transformers' ``generate`` (sdpa, static batch) measured the same way
-(with ``--hf-new-tokens`` tokens, as it is slow).
+(with ``--hf-new-tokens`` tokens, as it is slow). ``--vllm`` adds vLLM's offline ``LLM``, timed the same
+way in its own process (vllm_peer.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import tempfile
 import time
@@ -38,6 +40,10 @@ def main() -> None:
                    help="leaves room for the HF peer in the same process")
     p.add_argument("--hf-peer", action="store_true", help="also time transformers' generate")
     p.add_argument("--hf-new-tokens", type=int, default=64)
+    p.add_argument("--vllm", action="store_true", help="also vLLM's offline LLM (its own process)")
+    p.add_argument("--vllm-pythonpath", default=os.environ.get("VLLM_PYTHONPATH"),
+                   help="vLLM's child's PYTHONPATH alone (e.g. /tmp/vllm-site); default: $VLLM_PYTHONPATH")
+    p.add_argument("--vllm-timeout", type=float, default=600)
     p.add_argument("--device", default=None)
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs (ranks) the model is split over")
     p.add_argument("--out", default=None)
@@ -103,6 +109,21 @@ def main() -> None:
         if device == "cuda":
             torch.cuda.empty_cache()
 
+        if args.vllm:
+            from benchmarks import vllm_peer
+
+            theirs = vllm_peer.run("decode", str(folder), args.vllm_pythonpath, args.vllm_timeout, batches=batches,
+                                   prompt_len=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
+                                   max_token_id=tok_max, gpu_memory_utilization=args.gpu_memory_utilization)
+            for row in theirs.get("results", []):
+                ours = next(r for r in results if r["system"] == "aioinfer" and r["batch"] == row["batch"])
+                row.update(floor_ms=ours["floor_ms"], over_floor=row["tpot_ms"] / ours["floor_ms"],
+                           aioinfer_over_vllm_tpot=ours["tpot_ms"] / row["tpot_ms"])
+                results.append(row)
+                print(row, flush=True)
+            if "error" in theirs:
+                print(f"vllm: {theirs['error']}", flush=True)
+
         if args.hf_peer:
             from benchmarks.offline_throughput import _load_hf
 
@@ -140,9 +161,10 @@ def main() -> None:
     print()
     print(f"workload 2, {args.model} (dummy bf16 weights), {env.get('device')}, {env['date']}: prompt "
           f"{args.prompt_len}, {args.new_tokens} new tokens; TPOT = (T(all) - T(first)) / {args.new_tokens - 1}")
-    print(format_table(["system", "batch", "TPOT ms", "floor ms", "TPOT / floor", "tok/s", "T(first) ms"],
+    print(format_table(["system", "batch", "TPOT ms", "floor ms", "TPOT / floor", "tok/s", "T(first) ms",
+                        "aioinfer / vLLM TPOT"],
                        [[r["system"], r["batch"], r["tpot_ms"], r["floor_ms"], r["over_floor"], r["tok_per_s"],
-                         r["t_first_s"] * 1e3] for r in results]))
+                         r["t_first_s"] * 1e3, r.get("aioinfer_over_vllm_tpot")] for r in results]))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ Each system runs in its own child process (own CUDA context; memory freed betwee
 - ``hf-cb-graphs`` / ``hf-cb-eager``: transformers continuous batching (attn ``paged|sdpa``),
   CUDA graphs on / off;
 - ``hf-generate``: plain ``generate`` on static batches (sdpa, left padding); a batch runs until its
-  longest request is done, and only the requested tokens are counted.
+  longest request is done, and only the requested tokens are counted;
+- ``--vllm``: vLLM's offline ``LLM`` on the whole workload (vllm_peer.py), ``--repeats`` runs as aioinfer's.
 The peers are slow (~4 minutes for the whole workload on 7b), hence the subset.
 Reports output tok/s, the ratio to each peer (same subset) and the ratio to the physical floor.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import inspect
+import os
 import tempfile
 import time
 from typing import Any
@@ -37,6 +39,9 @@ def main() -> None:
     p.add_argument("--peer-requests", type=int, default=32, help="peers run the first N requests (0: all)")
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma list out of {PEERS}")
     p.add_argument("--skip-peers", action="store_true")
+    p.add_argument("--vllm", action="store_true", help="also vLLM's offline LLM on the whole workload")
+    p.add_argument("--vllm-pythonpath", default=os.environ.get("VLLM_PYTHONPATH"),
+                   help="vLLM's child's PYTHONPATH alone (e.g. /tmp/vllm-site); default: $VLLM_PYTHONPATH")
     p.add_argument("--generate-batch-size", type=int, default=64, help="hf-generate's static batch")
     p.add_argument("--attention-backend", default=None)
     p.add_argument("--enforce-eager", choices=("true", "false"), default=None)
@@ -112,6 +117,15 @@ def main() -> None:
             results[system] = run_child(common + ["--child", system],
                                         args.timeout if system == "aioinfer" else args.peer_timeout)
             print(f"{system}: {results[system]}", flush=True)
+        if args.vllm:
+            from benchmarks import vllm_peer
+
+            results["vllm"] = vllm_peer.run(
+                "offline", str(folder), args.vllm_pythonpath, args.peer_timeout, num_requests=len(requests),
+                max_token_id=tok_max, repeats=args.repeats, max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                gpu_memory_utilization=args.gpu_memory_utilization)
+            print(f"vllm: {results['vllm']}", flush=True)
 
     ours = results["aioinfer"]
     rows = []
@@ -121,6 +135,16 @@ def main() -> None:
                      None, full["tok_per_s"] / floor_full["floor_tok_per_s"]])
     else:
         rows.append(["aioinfer", len(requests), None, None, None, None, None, ours.get("error")])
+    vllm_ratio = None
+    theirs = results.get("vllm", {}).get("full")
+    if args.vllm:
+        if full and theirs:
+            vllm_ratio = full["tok_per_s"] / theirs["tok_per_s"]
+            rows.append([f"vllm {results['vllm'].get('vllm')}", len(requests), theirs["output_tokens"],
+                         theirs["seconds"], theirs["tok_per_s"], f"aioinfer {vllm_ratio:.3f}x (all requests)",
+                         theirs["tok_per_s"] / floor_full["floor_tok_per_s"]])
+        else:
+            rows.append(["vllm", len(requests), None, None, None, None, None, results["vllm"].get("error")])
     ours_subset = ours.get("subset")
     if peers and ours_subset:
         rows.append(["aioinfer (peer subset)", n_peer, ours_subset["output_tokens"], ours_subset["seconds"],
@@ -140,7 +164,8 @@ def main() -> None:
     payload = {"benchmark": "offline_throughput (workload 1)", "model": args.model, "shape": shape.hf_config(),
                "environment": env, "ceilings": ceil, "floor_full": floor_full, "floor_subset": floor_subset,
                "num_requests": len(requests), "peer_requests": n_peer, "results": results,
-               "aioinfer_over_peer_same_subset": ratios, "argv": vars(args)}
+               "aioinfer_over_peer_same_subset": ratios,
+               "aioinfer_over_vllm": vllm_ratio, "argv": vars(args)}
     dump(args.out, payload)
     print()
     print(f"workload 1, {args.model} (dummy bf16 weights), {env.get('device')}, {env['date']}; floor for "

@@ -5,13 +5,19 @@ like real attention KV, which depends on every earlier token. Sampling reads the
 through the block table, checks that the digests chain, and samples ``next_token`` of its tokens:
 a block reused from another prefix (a wrong prefix-cache hit), a stale block, a lost swap or a
 swap into the wrong blocks either breaks the chain (AssertionError) or changes the tokens.
+
+With it, the scheduler tests' kit: the fake model (``next_token``) and its ``reference`` outputs,
+``request``, ``run_to_end`` and ``make`` (a scheduler over this runner).
 """
 
 from __future__ import annotations
 
-from aioinfer.core.scheduler import PLACEHOLDER_TOKEN
+from aioinfer.config import SchedulerConfig
+from aioinfer.core.kv_cache_manager import KVCacheManager
+from aioinfer.core.scheduler import PLACEHOLDER_TOKEN, Scheduler
 from aioinfer.core.scheduler_output import RunnerOutput, SchedulerOutput
-from test_scheduler import next_token
+from aioinfer.request import Request
+from aioinfer.sampling_params import SamplingParams
 
 ROOT = 0x5EED
 
@@ -65,3 +71,58 @@ class ChainedKVRunner:
                 tokens.append(next_token([token for token, _ in context]))
         self.last_sampled = dict(zip(ids, tokens))
         return RunnerOutput(sampled_request_ids=ids, sampled_token_ids=tokens)
+
+
+VOCAB = 1000
+
+
+def next_token(context: list[int]) -> int:
+    """The fake model: a deterministic function of the whole context."""
+    return hash(tuple(context)) % VOCAB
+
+
+def reference(prompt: list[int], max_tokens: int) -> list[int]:
+    seq = list(prompt)
+    for _ in range(max_tokens):
+        seq.append(next_token(seq))
+    return seq[len(prompt):]
+
+
+def request(rid: str, prompt: list[int], max_tokens: int, **params) -> Request:
+    return Request(request_id=rid, prompt_token_ids=prompt, sampling_params=SamplingParams(max_tokens=max_tokens,
+                   ignore_eos=True, **params), max_tokens=max_tokens)
+
+
+def run_to_end(sched, runner, check=True, max_steps=10_000):
+    outputs: dict[str, list[int]] = {}
+    finish: dict[str, str] = {}
+    steps = []
+    for _ in range(max_steps):
+        if not sched.has_unfinished():
+            break
+        out = sched.schedule()
+        steps.append(out)
+        assert out.num_scheduled_tokens <= sched.config.max_num_batched_tokens
+        assert len(out.scheduled) <= sched.config.max_num_seqs
+        for core_out in sched.update(out, runner.execute(out)):
+            outputs.setdefault(core_out.request_id, []).extend(core_out.new_token_ids)
+            if core_out.finish_reason:
+                finish[core_out.request_id] = core_out.finish_reason
+        if check:
+            sched.check_invariants()
+    assert not sched.has_unfinished()
+    return outputs, finish, steps
+
+
+def make(num_blocks=64, block_size=4, budget=64, max_num_seqs=8, mode="recompute", host_blocks=0,
+         aging_steps=1000, prefix_caching=True):
+    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=prefix_caching)
+    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, preemption_mode=mode)
+    sched = Scheduler(config, kv, 512, num_host_blocks=host_blocks, priority_aging_steps=aging_steps)
+    return sched, ChainedKVRunner(num_blocks, block_size, host_blocks)
+
+
+def prioritized(rid, prompt, max_tokens, priority):
+    r = request(rid, prompt, max_tokens)
+    r.priority = priority
+    return r

@@ -32,7 +32,7 @@ BENCHMARKS = REPO / "benchmarks"
 MAINTAINED = ["offline_throughput", "decode_latency", "paged_attention", "serve_throughput",
               "structured_output_rounds", "spec_decode"]
 # Imported or started by the maintained scripts, never run on their own.
-HELPERS = ["common", "serve_clients", "proc_cpu", "null_runner", "null_runner_app", "triton_compiles"]
+HELPERS = ["common", "serve_clients", "proc_cpu", "null_runner", "null_runner_app", "triton_compiles", "vllm_peer"]
 TIMEOUT = 300  # seconds per script: a few to 40 on an idle 2-core machine
 
 
@@ -104,6 +104,18 @@ def test_offline_throughput(tmp_path):
     result = json.loads(out.read_text())
     full = result["results"]["aioinfer"]["full"]
     assert full["output_tokens"] == result["floor_full"]["output_tokens"] and full["tok_per_s"] > 0
+
+
+def test_offline_throughput_reports_a_vllm_peer_that_cannot_run(tmp_path):
+    """--vllm where vLLM is not installed (CI): its row says why; aioinfer's numbers stay."""
+    out = tmp_path / "w1.json"
+    stdout = run_benchmark("offline_throughput", "--model", "tiny", "--device", "cpu", "--num-requests", "2",
+                           "--skip-peers", "--vllm", "--vllm-pythonpath", str(tmp_path), "--out", str(out))
+    rows = last_table(stdout, "system")
+    assert [row[0] for row in rows] == ["aioinfer", "vllm"]
+    result = json.loads(out.read_text())
+    assert "No module named 'vllm'" in result["results"]["vllm"]["error"]
+    assert result["aioinfer_over_vllm"] is None and result["results"]["aioinfer"]["full"]["tok_per_s"] > 0
 
 
 def test_decode_latency(tmp_path):

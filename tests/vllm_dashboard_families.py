@@ -4,7 +4,7 @@ Sources (vllm-project/vllm, read 2026-12-02):
 - OVERVIEW: examples/observability/dashboards/grafana/vllm_overview.json
 - OLDER: examples/online_serving/prometheus_grafana/grafana.json
 
-Data for tests/test_vllm_dashboard_metrics.py: every family is found on /metrics after traffic, with
+Data for tests/server/test_vllm_dashboard_metrics.py: every family is found on /metrics after traffic, with
 its type and the label values the dashboards select.
 """
 

@@ -27,7 +27,7 @@ so this module also turns multicast off before the buffers are made.
   has already used now makes every rank fall back to NCCL, with a warning.
 - CUDA graphs: the kernel reads its peers through fixed buffer addresses and synchronises through
   signal pads that each barrier leaves as it found them, so it is captured and replayed like the
-  NCCL kernels. ``tests/test_tensor_parallel.py -m gpu`` checks it against NCCL, eager and inside
+  NCCL kernels. ``tests/executor/test_tensor_parallel.py -m gpu`` checks it against NCCL, eager and inside
   a graph (passed on two H200s, 2026-11-29).
 """
 

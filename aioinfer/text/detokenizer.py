@@ -1,6 +1,6 @@
 """Incremental detokenization: token ids in, newly decodable text out.
 
-Contract (tested in tests/test_detokenizer.py): for one request, the concatenation of
+Contract (tested in tests/engine/test_detokenizer.py): for one request, the concatenation of
 every ``push()`` result and the final ``flush()`` equals
 ``tokenizer.decode(output_ids, skip_special_tokens=...)`` of the whole output, however
 the ids were batched. A character whose UTF-8 bytes span several byte-level or

@@ -15,7 +15,7 @@ with the small BLOCK_N that streams best that is as many L2 bytes as weight byte
 against 142 for separate kernels (same sweep).
 
 Numerics: float32 accumulation over K in another order than cuBLAS, the bias added in float32, one
-rounding to the output dtype; tests/test_small_batch_linear.py states the tolerance.
+rounding to the output dtype; tests/layers/test_small_batch_linear.py states the tolerance.
 """
 
 from __future__ import annotations

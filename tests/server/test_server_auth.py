@@ -24,7 +24,7 @@ def server(tmp_path_factory):
             "--port", "{port}", "--api-key", KEY, "--served-model-name", NAME, "--device", "cpu",
             "--dtype", "float32", "--max-model-len", "256", "--num-kv-blocks", "128",
             # A grace no loaded machine exhausts: the stream below must finish, not race the clock
-            # (a request still open when the grace ends is aborted: tests/test_server_shutdown.py).
+            # (a request still open when the grace ends is aborted: tests/server/test_server_shutdown.py).
             "--shutdown-grace", "120"]
     proc = start_server({"AIOINFER_MAX_NUM_SEQS": "8"}, grace=120, argv=argv)
     yield proc

@@ -3,27 +3,18 @@ and a port in use, checked before anything loads."""
 
 from __future__ import annotations
 
-import argparse
-import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from aioinfer.entrypoints.serve_cli import add_serve_parser, config_from_args
+from aioinfer.entrypoints.serve_cli import config_from_args
 from aioinfer.server_config import ENGINE_OPTIONS
+from serve_runs import assert_one_line_error, parse, run_serve
 from tiny_models import make_tiny_model_dir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BOOL_OPTIONS = [name for name, typ in ENGINE_OPTIONS.items() if typ is bool]
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="aioinfer")
-    add_serve_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["serve", *argv])
 
 
 def engine_kwargs(argv: list[str], environ: dict[str, str] | None = None) -> dict:
@@ -89,24 +80,6 @@ def test_cpu_threads_flag_and_variable():
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     return str(make_tiny_model_dir(tmp_path_factory.mktemp("qwen2"), arch="qwen2"))
-
-
-def run_serve(args: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("AIOINFER_")}
-    full_env.update(env or {})
-    full_env.setdefault("AIOINFER_CPU_THREADS", "1")
-    return subprocess.run([sys.executable, "-m", "aioinfer", "serve", *args], env=full_env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess, status: int, *fragments: str) -> None:
-    out = result.stdout + result.stderr
-    assert result.returncode == status, out
-    assert "Traceback" not in out, out
-    errors = [line for line in result.stderr.splitlines() if line.startswith("aioinfer serve: error: ")]
-    assert len(errors) == 1, out
-    for fragment in fragments:
-        assert fragment in errors[0], out
 
 
 @pytest.mark.parametrize("args, fragments", [

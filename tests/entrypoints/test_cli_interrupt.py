@@ -17,7 +17,7 @@ import pytest
 
 from tiny_models import make_tiny_model_dir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Runs the CLI with a SIGINT delivered when `target` is first called (the patch stands in for the user).
 INTERRUPTED_CLI = """if True:

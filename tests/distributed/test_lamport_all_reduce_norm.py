@@ -5,7 +5,7 @@ test plays rank 1 by writing its rows into rank 0's buffer, as rank 1's kernel w
 What this checks of the protocol: rows go to the peer's buffer only, at this rank's part of the
 call's slot, with -0.0 sent as +0.0 (the sentinel is -0.0); the sum, add and norm; the refill of
 the slot two calls back with the sentinel; one slot counter per row, going round three slots.
-The two-GPU run (tests/test_tensor_parallel.py, marked gpu) checks it against NCCL on real memory.
+The two-GPU run (tests/executor/test_tensor_parallel.py, marked gpu) checks it against NCCL on real memory.
 The interpreter rounds float32 -> bfloat16 by truncation, so only float32 is compared bit for bit.
 """
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 if torch.cuda.is_available():
-    pytest.skip("runs under the Triton interpreter on CPU (two GPUs: tests/test_tensor_parallel.py)",
+    pytest.skip("runs under the Triton interpreter on CPU (two GPUs: tests/executor/test_tensor_parallel.py)",
                 allow_module_level=True)
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel module is imported
 pytest.importorskip("triton")

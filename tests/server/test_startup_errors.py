@@ -22,7 +22,7 @@ import pytest
 from server_process import free_port
 from tiny_models import make_tiny_model_dir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HYPERCORN_STATUS = -signal.SIGKILL  # subprocess's spelling of the shell's 137
 NO_HUB = "nobody-aioinfer/no-such-model"  # a hub id; HF_HUB_OFFLINE makes its download fail at once
 # aioinfer's log format (server_config.LOG_FORMAT) and hypercorn's own, at INFO or WARNING: no ERROR, no traceback

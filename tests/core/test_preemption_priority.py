@@ -6,26 +6,8 @@ import random
 
 import pytest
 
-from aioinfer.config import SchedulerConfig
-from aioinfer.core.kv_cache_manager import KVCacheManager
-from aioinfer.core.scheduler import Scheduler
 from aioinfer.request import RequestStatus
-from kv_fakes import ChainedKVRunner
-from test_scheduler import VOCAB, reference, request, run_to_end
-
-
-def make(num_blocks=64, block_size=4, budget=64, max_num_seqs=8, mode="recompute", host_blocks=0,
-         aging_steps=1000, prefix_caching=True):
-    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=prefix_caching)
-    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, preemption_mode=mode)
-    sched = Scheduler(config, kv, 512, num_host_blocks=host_blocks, priority_aging_steps=aging_steps)
-    return sched, ChainedKVRunner(num_blocks, block_size, host_blocks)
-
-
-def prioritized(rid, prompt, max_tokens, priority):
-    r = request(rid, prompt, max_tokens)
-    r.priority = priority
-    return r
+from kv_fakes import VOCAB, make, prioritized, reference, request, run_to_end
 
 
 def step(sched, runner, outputs=None):

@@ -25,11 +25,10 @@ from aioinfer.entrypoints.serve_cli import config_from_args
 from aioinfer.entrypoints.serve_flags import VLLM_ENGINE_FLAGS
 from aioinfer.vllm_options import CHECKED, translate
 from server_process import ServerProcess
-from test_serve_cli import assert_one_line_error, parse, run_serve
-from test_server_cors import _self_signed
+from serve_runs import assert_one_line_error, parse, run_serve, self_signed
 from tiny_models import make_tiny_model_dir
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "vllm_compatibility.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "vllm_compatibility.md"
 
 
 def engine_kwargs(argv: list[str]) -> dict:
@@ -175,7 +174,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tls")
-    _self_signed(folder)
+    self_signed(folder)
     model_dir = make_tiny_model_dir(tmp_path_factory.mktemp("qwen2"), arch="qwen2", max_position_embeddings=4096)
     argv = ["{python}", "-m", "aioinfer", "serve", str(model_dir), "--port", "{port}", "--device", "cpu",
             "--num-kv-blocks", "64", "--ssl-certfile", str(folder / "cert.pem"), "--ssl-keyfile",
@@ -323,7 +322,7 @@ def test_a_renewed_certificate_is_served_without_a_restart(served):
     assert ssl.PEM_cert_to_DER_cert(ssl.get_server_certificate(("127.0.0.1", served.process.port))) == old
     renewed = served.folder / "renewed"
     renewed.mkdir()
-    new_cert, new_key = _self_signed(renewed)
+    new_cert, new_key = self_signed(renewed)
     os.replace(new_cert, cert_file)  # the certificate first: for a moment it does not fit the old key
     os.replace(new_key, served.folder / "key.pem")
     new = ssl.PEM_cert_to_DER_cert(cert_file.read_text())

@@ -22,7 +22,7 @@ import time
 import httpx
 import pytest
 
-from test_grammar_limits import UNSATISFIABLE, anyof_chain, items_chain, ref_chain, rule_chain
+from deep_schemas import UNSATISFIABLE, anyof_chain, items_chain, ref_chain, rule_chain
 
 MODEL = "SmolLM2-135M-Instruct"
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name"],

@@ -1,6 +1,6 @@
 """The static-buffer layouts that CUDA-graph replays write, checked on CPU tensors.
 
-Capturing needs CUDA (tests/test_gpu_engine.py replays real graphs against eager runs); what a
+Capturing needs CUDA (tests/engine/test_gpu_engine.py replays real graphs against eager runs); what a
 replay writes into the static buffers does not, and a wrong padding layout would let a graph
 read past a block table or leave rows of the prefill kernel's grid without a sequence. Here the
 graphs are stand-ins whose replay records the buffers, and the Torch reference attention runs

@@ -22,7 +22,7 @@ from aioinfer.options import declared, option, read_env
 from aioinfer.server_config import ENGINE_OPTIONS, ServerConfig, engine_option_specs
 from tiny_models import make_tiny_model_dir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'
 # Variables docs/server.md lists that are read where they act, not options of a config: (module, why)
 OTHER_VARIABLES = {"AIOINFER_GC_YOUNG_THRESHOLD": "aioinfer/utils/gc_deferral.py"}
@@ -137,6 +137,48 @@ def test_the_engine_s_options_are_its_fields():
         EngineConfig.from_kwargs("m", speculative=None)
     with pytest.raises(ValueError, match="^enforce_eager must be a bool, got 1$"):
         EngineConfig.from_kwargs("m", enforce_eager=1)
+
+
+def _bounded_options():
+    """Every declared option of a plain type: the engine's (built through from_kwargs) and the server's."""
+    from aioinfer.config import engine_options
+    from aioinfer.server_config import ServerConfig
+
+    return [spec for spec in (*engine_options(), *declared(ServerConfig)) if spec.kind is not None]
+
+
+def _build(spec, value):
+    from aioinfer.server_config import ServerConfig
+
+    if spec.owner is ServerConfig:
+        return ServerConfig(**{spec.field: value})
+    return EngineConfig.from_kwargs("m", **{spec.name: value})
+
+
+@pytest.mark.parametrize("spec", _bounded_options(), ids=lambda spec: spec.name)
+def test_each_declared_bound_and_type_is_checked(spec):
+    """A value its declaration refuses (the wrong type, past a bound, outside the choices) is a ValueError
+    naming the option, with no check written for it; the default passes. Adding an option is its field."""
+    declared_option = spec.option
+    refused = [object()]  # no option of a plain type takes an arbitrary object
+    if spec.kind in (int, float):
+        step = 1 if spec.kind is int else 0.5
+        refused += [True, "1", *([1.5] if spec.kind is int else [])]
+        if declared_option.minimum is not None:
+            refused.append(declared_option.minimum - step)
+        if declared_option.above is not None:
+            refused.append(declared_option.above)  # the bound itself: it must be exceeded
+        if declared_option.maximum is not None:
+            refused.append(declared_option.maximum + step)
+    elif spec.kind is bool:
+        refused += [1, "true"]
+    elif declared_option.choices:
+        refused.append("not-a-choice")
+    for value in refused:
+        with pytest.raises(ValueError, match=f"^{spec.name} must be "):
+            _build(spec, value)
+    if spec.default is not None:
+        _build(spec, spec.default)
 
 
 def test_option_modules_import_nothing_above_them():

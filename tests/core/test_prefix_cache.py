@@ -16,8 +16,7 @@ from aioinfer.core import kv_cache_manager
 from aioinfer.core.kv_cache_manager import KVCacheManager
 from aioinfer.core.scheduler import Scheduler
 from aioinfer.request import Request, RequestStatus
-from kv_fakes import ChainedKVRunner
-from test_scheduler import VOCAB, reference, request, run_to_end
+from kv_fakes import ChainedKVRunner, VOCAB, reference, request, run_to_end
 
 
 def make(num_blocks=64, block_size=4, budget=64, max_num_seqs=8, prefix_caching=True):

@@ -1,7 +1,7 @@
 """The bounds on what a constraint may cost (structured_output/limits.py, compile_threads.py,
 compiler.py) and the engine's view of a grammar that fails mid-output (structured_output/grammar_mask.py).
 
-The real server path of each is in tests/test_server_grammar_limits.py; here the pieces, fast."""
+The real server path of each is in tests/server/test_server_grammar_limits.py; here the pieces, fast."""
 
 from __future__ import annotations
 
@@ -23,33 +23,10 @@ from aioinfer.structured_output.limits import (MAX_GRAMMAR_RULES, MAX_SCHEMA_DEP
                                                GrammarLimits, check_size, check_structure)
 from aioinfer.structured_output.grammar_mask import GrammarMasks, LiveTokens
 from aioinfer.sample.sampling_metadata import SamplingRow
+from deep_schemas import UNSATISFIABLE, anyof_chain, items_chain, ref_chain, rule_chain
 
 VOCAB = 49152
 EOS = 2  # SmolLM2's
-
-
-def ref_chain(n: int) -> dict:
-    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
-    defs[f"d{n}"] = {"type": "string"}
-    return {"$ref": "#/$defs/d0", "$defs": defs}
-
-
-def anyof_chain(n: int) -> dict:
-    defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"type": "null"}]} for i in range(n)}
-    defs[f"d{n}"] = {"type": "string"}
-    return {"$ref": "#/$defs/d0", "$defs": defs}
-
-
-def items_chain(n: int) -> dict:
-    defs = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(n)}
-    defs[f"d{n}"] = {"type": "string"}
-    return {"$ref": "#/$defs/d0", "$defs": defs}
-
-
-def rule_chain(n: int, gbnf: bool = False) -> str:
-    if gbnf:
-        return "\n".join(["root ::= r0", *(f"r{i} ::= r{i + 1}" for i in range(n)), f'r{n} ::= "a"'])
-    return "\n".join(["start: r0", *(f"r{i}: r{i + 1}" for i in range(n)), f'r{n}: "a"'])
 
 
 def nested_arrays(n: int) -> dict:
@@ -131,16 +108,6 @@ def test_the_size_bound_counts_bytes_and_names_its_setting():
 @pytest.fixture(scope="module")
 def compiler(smollm2_tokenizer):
     return GrammarCompiler(smollm2_tokenizer, VOCAB, [EOS])
-
-
-UNSATISFIABLE = {  # issue 54, item 6
-    "$ref #": {"json": {"$ref": "#"}},
-    "a -> a": {"json": {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}},
-    "a -> b -> a": {"json": {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}},
-    "anyOf [self]": {"json": {"anyOf": [{"$ref": "#"}]}},
-    "GBNF root ::= root a": {"grammar": 'root ::= root "a"'},
-    "Lark x: x": {"grammar": "start: x\nx: x"},
-}
 
 
 @pytest.mark.parametrize("name", list(UNSATISFIABLE))

@@ -16,8 +16,7 @@ from aioinfer.core.kv_cache_manager import KVCacheManager, cdiv
 from aioinfer.core.request_queue import outranks
 from aioinfer.core.scheduler import RequestTooLongError, Scheduler
 from aioinfer.request import RequestStatus
-from kv_fakes import ChainedKVRunner
-from test_scheduler import VOCAB, reference, request
+from kv_fakes import ChainedKVRunner, VOCAB, reference, request
 
 ARRIVAL_STEPS = 200
 DRAIN_STEPS = 4000

@@ -17,7 +17,7 @@ from aioinfer.server_config import ServerConfig
 from server_process import run_server
 from tiny_models import make_tiny_model_dir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2"])

@@ -69,7 +69,7 @@ def test_the_hypercorn_handler_steps_aside_once_the_process_configures_logging()
         logging.getLogger("aioinfer.x").info("after")
     """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            cwd=Path(__file__).resolve().parent.parent)
+                            cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 2 and lines[0].endswith("INFO aioinfer.x: before") and lines[1] == "ROOT aioinfer.x after", lines

@@ -14,14 +14,7 @@ from aioinfer.core.scheduler import PLACEHOLDER_TOKEN, RequestTooLongError, Sche
 from aioinfer.core.scheduler_output import RunnerOutput
 from aioinfer.request import Request, RequestStatus
 from aioinfer.sampling_params import SamplingParams
-
-VOCAB = 1000
-
-
-def next_token(context: list[int]) -> int:
-    """The fake model: a deterministic function of the whole context."""
-    return hash(tuple(context)) % VOCAB
-
+from kv_fakes import VOCAB, next_token, reference, request, run_to_end
 
 class PagedEchoRunner:
     """Writes each token into its KV slot and samples from the context read back through the block table."""
@@ -51,43 +44,10 @@ class PagedEchoRunner:
         return RunnerOutput(sampled_request_ids=ids, sampled_token_ids=tokens)
 
 
-def reference(prompt: list[int], max_tokens: int) -> list[int]:
-    seq = list(prompt)
-    for _ in range(max_tokens):
-        seq.append(next_token(seq))
-    return seq[len(prompt):]
-
-
 def make(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, max_model_len=256):
     kv = KVCacheManager(num_blocks, block_size)
     sched = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget), kv, max_model_len)
     return sched, PagedEchoRunner(num_blocks, block_size)
-
-
-def request(rid: str, prompt: list[int], max_tokens: int, **params) -> Request:
-    return Request(request_id=rid, prompt_token_ids=prompt, sampling_params=SamplingParams(max_tokens=max_tokens,
-                   ignore_eos=True, **params), max_tokens=max_tokens)
-
-
-def run_to_end(sched, runner, check=True, max_steps=10_000):
-    outputs: dict[str, list[int]] = {}
-    finish: dict[str, str] = {}
-    steps = []
-    for _ in range(max_steps):
-        if not sched.has_unfinished():
-            break
-        out = sched.schedule()
-        steps.append(out)
-        assert out.num_scheduled_tokens <= sched.config.max_num_batched_tokens
-        assert len(out.scheduled) <= sched.config.max_num_seqs
-        for core_out in sched.update(out, runner.execute(out)):
-            outputs.setdefault(core_out.request_id, []).extend(core_out.new_token_ids)
-            if core_out.finish_reason:
-                finish[core_out.request_id] = core_out.finish_reason
-        if check:
-            sched.check_invariants()
-    assert not sched.has_unfinished()
-    return outputs, finish, steps
 
 
 def test_batch_matches_reference_with_chunked_prefill_and_mixed_steps():

@@ -10,8 +10,7 @@ import torch
 
 from aioinfer import LLM, SamplingParams
 from aioinfer.request import RequestStatus
-from test_preemption_priority import make, prioritized
-from test_scheduler import reference
+from kv_fakes import make, prioritized, reference
 from tiny_models import make_tiny_model_dir
 
 

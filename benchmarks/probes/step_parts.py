@@ -9,8 +9,11 @@ prompt lengths, random ids) under ``torch.profiler``, each in its own process (v
 
 - ``prefill``: every request with ``max_tokens=1``: the prompts' prefill (chunked by the token
   budget, as in workload 1's mixed steps) and one sampled token each; reported per 1,000 prompt tokens;
-- ``decode``: the same with ``max_tokens=1 + D``; ``decode - prefill`` is D pure decode steps at
-  ``--num-requests`` rows (workload 1's decode shape), reported per step.
+- ``decode``: the same with ``max_tokens=1 + B + D`` against ``max_tokens=1 + B`` (``--base-tokens``
+  B); the difference is D decode steps at ``--num-requests`` rows (workload 1's decode shape),
+  reported per step. With B = 0 the baseline is the ``prefill`` batch, and the difference also holds
+  what the first decode rows cost inside the mixed steps that still prefill other prompts (about
+  20 steps at 256 requests and 8,192 tokens a step); with B past those steps it is pure decode.
 
 Each batch runs once unprofiled (its wall time) and once profiled (device kernels: name, count, time;
 the union of their intervals is the device's busy time, the wall time less it the idle gaps). Kernels
@@ -36,8 +39,8 @@ from benchmarks.common import (SHAPES, ceilings, default_device, dump, environme
 
 # part -> kernel-name pattern (searched, case-insensitive), first match wins
 PARTS = [
+    ("kv write", r"kv_write|reshape_and_cache|cache_kernel"),  # before attention: vLLM's is "..._cache_flash"
     ("attention", r"flash|fmha|attn|_decode_kernel|_prefill_kernel|_merge_kernel|_attend_tile|paged_attention"),
-    ("kv write", r"kv_write|reshape_and_cache|cache_kernel"),
     ("gemm", r"gemm|nvjet|cutlass|xmma|_small_batch_linear|splitk|cublas|matmul|mm_kernel"),
     ("rms norm (+ residual)", r"rms|norm|rsqrt|mean_mul_pow"),
     ("rotary", r"rotary|rotate|rope|cos_sin|index_select.*cat|cat.*index_select"),
@@ -60,6 +63,7 @@ def main() -> None:
     p.add_argument("--model", choices=sorted(SHAPES), default="qwen2.5-7b")
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--decode-tokens", type=int, default=32, help="D: decode steps profiled")
+    p.add_argument("--base-tokens", type=int, default=0, help="B: decode steps before them (0: from the prefill)")
     p.add_argument("--systems", default="aioinfer,vllm")
     p.add_argument("--vllm-pythonpath", default=os.environ.get("VLLM_PYTHONPATH"))
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -90,7 +94,8 @@ def main() -> None:
                 if args.vllm_pythonpath:
                     child_env["PYTHONPATH"] = args.vllm_pythonpath
             argv = ["benchmarks.probes.step_parts", "--model", args.model, "--num-requests", str(args.num_requests),
-                    "--decode-tokens", str(args.decode_tokens), "--max-num-batched-tokens",
+                    "--decode-tokens", str(args.decode_tokens), "--base-tokens", str(args.base_tokens),
+                    "--max-num-batched-tokens",
                     str(args.max_num_batched_tokens), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
                     "--device", device, "--folder", str(folder), "--child", system]
             results[system] = run_child(argv, args.timeout, env=child_env)
@@ -98,12 +103,17 @@ def main() -> None:
                   flush=True)
 
     prompt_tokens = sum(len(r.prompt) for r in requests)
-    floors = part_floors(shape, requests, args.decode_tokens, ceil)
+    floors = part_floors(shape, requests, args.base_tokens + args.decode_tokens / 2, ceil)
     table = parts_table(results, prompt_tokens, args.decode_tokens)
     dump(args.out, {"probe": "step_parts", "model": args.model, "environment": env, "ceilings": ceil,
                     "num_requests": len(requests), "prompt_tokens": prompt_tokens, "decode_tokens": args.decode_tokens,
                     "parts": PARTS, "floors_ms": floors, "table": table, "results": results, "argv": vars(args)})
     systems = [s for s in results if "runs" in results[s]]
+    for system in systems:
+        for run_name, run in results[system]["runs"].items():
+            hist = run["idle_gaps_us"]
+            print(f"{system} {run_name} (max_tokens {run['max_tokens']}): idle gaps " + ", ".join(
+                f"{name} {hist[name]['count']} ({hist[name]['us'] / 1e3:.1f} ms)" for name in hist if name != "longest_us"))
     for view, unit in (("decode", "ms per decode step"), ("prefill", "ms per 1,000 prompt tokens")):
         print(f"\n{args.model}, {view}: {unit} ({len(requests)} requests; {env.get('device')}, {env['date']})")
         headers = ["part", *systems, *(["aioinfer / vllm"] if {"aioinfer", "vllm"} <= set(systems) else []), "floor"]
@@ -132,19 +142,20 @@ def parts_table(results: dict[str, Any], prompt_tokens: int, decode_tokens: int)
             parts["wall"] = run["wall_s"] * 1e3
             parts["idle gaps"] = max(0.0, parts["wall"] - parts["device busy"])
             by_run[run_name] = parts
-        pre, dec = by_run["prefill"], by_run["decode"]
+        pre, base, dec = by_run["prefill"], by_run.get("base", by_run["prefill"]), by_run["decode"]
         table[system] = {
             "prefill": {k: v * 1000 / prompt_tokens for k, v in pre.items()},
-            "decode": {k: (dec.get(k, 0.0) - pre.get(k, 0.0)) / decode_tokens for k in set(pre) | set(dec)},
+            "decode": {k: (dec.get(k, 0.0) - base.get(k, 0.0)) / decode_tokens for k in set(base) | set(dec)},
         }
     return table
 
 
-def part_floors(shape, requests, decode_tokens: int, ceil: dict[str, float]) -> dict[str, dict[str, float]]:
-    """ms floors of the GEMMs and attention: per decode step at these rows, per 1,000 prompt tokens."""
+def part_floors(shape, requests, generated: float, ceil: dict[str, float]) -> dict[str, dict[str, float]]:
+    """ms floors of the GEMMs and attention: per decode step at these rows (each context its prompt and
+    ``generated`` tokens), per 1,000 prompt tokens."""
     bw, rate = ceil["copy_bytes_per_s"], ceil["matmul_flop_per_s"]
     rows = len(requests)
-    mean_ctx = sum(len(r.prompt) for r in requests) / rows + decode_tokens / 2
+    mean_ctx = sum(len(r.prompt) for r in requests) / rows + generated
     layer_flops = 2 * shape.layers * shape.layer_params  # a token's matmuls through the layers
     head_flops = 2 * shape.embedding_params  # the lm_head's, for each sampled row
     kv_read = rows * mean_ctx * shape.kv_bytes_per_token
@@ -192,7 +203,10 @@ def run_system(system: str, args, device: str, requests) -> dict[str, Any]:
     else:
         raise SystemExit(f"unknown system {system}")
     generate(4)  # warm-up: kernels, graphs, allocator
-    runs = {"prefill": profile(generate, 1, device), "decode": profile(generate, 1 + args.decode_tokens, device)}
+    runs = {"prefill": profile(generate, 1, device)}
+    if args.base_tokens:
+        runs["base"] = profile(generate, 1 + args.base_tokens, device)
+    runs["decode"] = profile(generate, 1 + args.base_tokens + args.decode_tokens, device)
     return {"system": version, "runs": runs}
 
 
@@ -226,17 +240,36 @@ def profile(generate, max_tokens: int, device: str) -> dict[str, Any]:
         intervals.append((begin, end))
     kernels = sorted(({"name": name, "count": c, "us": us} for name, (c, us) in totals.items()),
                      key=lambda k: -k["us"])
-    return {"max_tokens": max_tokens, "wall_s": wall_s, "busy_us": _union_us(intervals), "kernels": kernels}
+    busy_us, gaps = _union_us(intervals)
+    return {"max_tokens": max_tokens, "wall_s": wall_s, "busy_us": busy_us, "kernels": kernels,
+            "idle_gaps_us": _gap_histogram(gaps)}
 
 
-def _union_us(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
+def _union_us(intervals: list[tuple[float, float]]) -> tuple[float, list[float]]:
+    """The time some kernel runs, and the idle gaps between the device's busy stretches (µs)."""
+    total, end, gaps = 0.0, float("-inf"), []
     for begin, stop in sorted(intervals):
         if stop <= end:
             continue
+        if end != float("-inf") and begin > end:
+            gaps.append(begin - end)
         total += stop - max(begin, end)
         end = stop
-    return total
+    return total, gaps
+
+
+def _gap_histogram(gaps: list[float]) -> dict[str, Any]:
+    """Idle gaps inside the profiled run by size: where the device waits (between steps, for the host,
+    or between kernels), count and total µs per bucket, and the ten longest."""
+    buckets = {"<5us": (0, 5), "5-20us": (5, 20), "20-100us": (20, 100), "100us-1ms": (100, 1e3), ">=1ms": (1e3, 1e12)}
+    out: dict[str, Any] = {name: {"count": 0, "us": 0.0} for name in buckets}
+    for gap in gaps:
+        for name, (low, high) in buckets.items():
+            if low <= gap < high:
+                out[name]["count"] += 1
+                out[name]["us"] += gap
+    out["longest_us"] = sorted(gaps, reverse=True)[:10]
+    return out
 
 
 if __name__ == "__main__":

@@ -54,8 +54,8 @@ class ModelConfig:
                         "half type on CUDA), float32, float16 (half), bfloat16", choices=(*DTYPES, *DTYPE_ALIASES))
     load_format: str = option("auto", help="weights' format", choices=LOAD_FORMATS)
     # tokens; None: the model's max_position_embeddings
-    max_model_len: Optional[int] = option(None, parse=context_length, minimum=1, help="context length; vLLM's suffixes: "
-                                          "2k = 2000, 32K = 32768 (default: the model's)")
+    max_model_len: Optional[int] = option(None, parse=context_length, minimum=1, help="context length; vLLM's "
+                                          "suffixes: 2k = 2000, 32K = 32768 (default: the model's)")
     seed: int = option(0, help="seeds dummy weights and the draws of unseeded requests")
     # folder of tokenizer files, when not beside the weights
     tokenizer: Optional[str] = option(None, help="tokenizer folder (default: beside the weights)")
@@ -116,8 +116,8 @@ class ParallelConfig:
     tensor_parallel_size: int = option(1, aliases=("-tp",), minimum=1, help="ranks splitting each layer (one worker "
                                        "process per extra rank)")
     # whole-model replicas in this process, one engine (and GPU) each
-    data_parallel_size: int = option(1, aliases=("-dp",), minimum=1, help="whole-model replicas, one GPU (and GPU thread) "
-                                     "each, behind one router")
+    data_parallel_size: int = option(1, aliases=("-dp",), minimum=1, help="whole-model replicas, one GPU (and GPU "
+                                     "thread) each, behind one router")
 
     def __post_init__(self) -> None:
         check_values(self)

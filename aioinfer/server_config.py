@@ -139,8 +139,8 @@ class ServerConfig:
     ssl_ca_certs: Optional[str] = option(None, help="PEM CA certificates that client certificates are checked "
                                          "against")
     # client certificates: 0 none, 1 optional, 2 required (Python's ssl.CERT_*)
-    ssl_cert_reqs: int = option(0, minimum=0, maximum=2, help="client certificates: 0 not asked, 1 optional, 2 required (Python's "
-                                "ssl.CERT_*)")
+    ssl_cert_reqs: int = option(0, minimum=0, maximum=2, help="client certificates: 0 not asked, 1 optional, 2 "
+                                "required (Python's ssl.CERT_*)")
     # OpenSSL cipher list for TLS <= 1.2 (None: hypercorn's)
     ssl_ciphers: Optional[str] = option(None, help="OpenSSL cipher list for TLS 1.2 and below (default: "
                                         "hypercorn's)")

@@ -112,8 +112,9 @@ def main() -> None:
     for system in systems:
         for run_name, run in results[system]["runs"].items():
             hist = run["idle_gaps_us"]
+            buckets = [name for name in hist if name != "longest_us"]
             print(f"{system} {run_name} (max_tokens {run['max_tokens']}): idle gaps " + ", ".join(
-                f"{name} {hist[name]['count']} ({hist[name]['us'] / 1e3:.1f} ms)" for name in hist if name != "longest_us"))
+                f"{name} {hist[name]['count']} ({hist[name]['us'] / 1e3:.1f} ms)" for name in buckets))
     for view, unit in (("decode", "ms per decode step"), ("prefill", "ms per 1,000 prompt tokens")):
         print(f"\n{args.model}, {view}: {unit} ({len(requests)} requests; {env.get('device')}, {env['date']})")
         headers = ["part", *systems, *(["aioinfer / vllm"] if {"aioinfer", "vllm"} <= set(systems) else []), "floor"]

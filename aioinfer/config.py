@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
+from aioinfer.layers.quantization.config import QUANTIZATION_METHODS
 from aioinfer.options import check_values, context_length, declared, human_readable_int, option
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -18,6 +19,10 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 PREEMPTION_MODES = ("recompute", "swap")
+# The KV cache's element type, vLLM's names: "auto" is the model's dtype; "fp8" and "fp8_e4m3" are
+# float8_e4m3fn with one scale per layer for K and one for V (layers/kv_scales.py). vLLM's third,
+# "fp8_e5m2", is refused by name (CacheConfig) rather than silently stored as e4m3.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 SPECULATIVE_METHODS = ("ngram",)
 # The devices an engine runs on. Checked here, not when the model loads: a server loads in the
 # background after it listens, and "gpu" should fail at once, not after the port is open.
@@ -34,6 +39,17 @@ def device_flag(value: str) -> str:
     if not is_valid_device(value):
         raise ValueError(f"invalid device {value!r}: expected auto, cpu, cuda or cuda:N")
     return value
+
+
+def kv_cache_dtype_flag(value: str) -> str:
+    """--kv-cache-dtype, and CacheConfig's check of a name it does not take: vLLM's "fp8_e5m2" (and its
+    other fp8 spellings) are refused with the reason, not a bare list of choices."""
+    if value in KV_CACHE_DTYPES:
+        return value
+    if isinstance(value, str) and value.startswith("fp8"):
+        raise ValueError(f"kv_cache_dtype {value!r} is not supported: the fp8 KV cache here is float8_e4m3fn "
+                         f"('fp8' or 'fp8_e4m3'); e5m2 (more range, fewer mantissa bits) is not implemented")
+    raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {value!r}")
 
 
 def speculative_config_json(raw: str) -> dict:
@@ -67,6 +83,11 @@ class ModelConfig:
     # vocabulary, which is also what a request's -1 asks for (then allowed only with this at -1 or >= it)
     max_logprobs: int = option(20, minimum=-1, help="most logprobs a request may ask for a position (-1: the "
                                "whole vocabulary)")
+    # vLLM's: "fp8" quantizes an unquantized checkpoint's linear layers to FP8 as it loads; None: as
+    # the checkpoint is (an FP8 checkpoint is served in FP8 either way: layers/quantization/config.py)
+    quantization: Optional[str] = option(None, aliases=("-q",), choices=QUANTIZATION_METHODS,
+                                         help="fp8: quantize the linear layers' weights to FP8 as they load "
+                                         "(default: as the checkpoint stores them; FP8 checkpoints load as FP8)")
 
     def __post_init__(self) -> None:
         if isinstance(self.dtype, str) and self.dtype in DTYPE_ALIASES:
@@ -92,9 +113,30 @@ class CacheConfig:
     # pinned host memory for KV blocks of swapped-out requests (GiB per engine); vLLM's swap_space
     # (vllm_options.RENAMED, which also makes --swap-space a flag of it)
     swap_space_gib: float = option(4.0, minimum=0, help="pinned host memory for swapped-out KV blocks, GiB")
+    # "auto": the model's dtype; "fp8" / "fp8_e4m3": float8_e4m3fn, half the bytes of bf16 per token
+    kv_cache_dtype: str = option("auto", choices=KV_CACHE_DTYPES, flag_parse=kv_cache_dtype_flag,
+                                 help="KV cache element type: auto (the model's dtype), fp8 or fp8_e4m3 "
+                                 "(float8_e4m3fn with per-layer K/V scales, the checkpoint's when it has them)")
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES and isinstance(self.kv_cache_dtype, str):
+            kv_cache_dtype_flag(self.kv_cache_dtype)  # the reason for vLLM's names that are not here
         check_values(self)
+
+    @property
+    def fp8_kv_cache(self) -> bool:
+        """Whether the KV cache holds float8_e4m3fn."""
+        return self.kv_cache_dtype in ("fp8", "fp8_e4m3")
+
+    def metrics_info(self, num_gpu_blocks: int, num_cpu_blocks: int) -> dict[str, str]:
+        """The labels of vLLM's ``vllm:cache_config_info`` gauge (its CacheConfig.metrics_info, under
+        vLLM's field names), as strings; ``num_gpu_blocks``: the device pool, ``num_cpu_blocks``: the
+        swap pool (0 without swap preemption)."""
+        return {"block_size": str(self.block_size), "cache_dtype": self.kv_cache_dtype,
+                "enable_prefix_caching": str(self.enable_prefix_caching),
+                "gpu_memory_utilization": str(self.gpu_memory_utilization),
+                "num_gpu_blocks": str(num_gpu_blocks), "num_gpu_blocks_override": str(self.num_kv_blocks),
+                "num_cpu_blocks": str(num_cpu_blocks), "swap_space": str(self.swap_space_gib)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +264,10 @@ class EngineConfig:
         object.__setattr__(self, "speculative", SpeculativeConfig.from_value(self.speculative))
         check_values(self)
         _check(is_valid_device(self.device), "device", self.device, "must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        # known before anything loads, so a server refuses it before it listens (runner_setup.py checks too)
+        _check(not (self.cache.fp8_kv_cache and self.attention_backend == "flash_attn"), "attention_backend",
+               self.attention_backend, f"cannot hold kv_cache_dtype={self.cache.kv_cache_dtype!r} (an fp8 KV cache): "
+               "use 'auto' (Triton on CUDA, torch on CPU), 'triton' or 'torch'")
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> "EngineConfig":

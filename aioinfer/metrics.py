@@ -164,6 +164,11 @@ class PrometheusMetrics:
                "DEPRECATED: vllm:inter_token_latency_seconds under its older name.", registry=r)
         self._engines: dict[int, _EngineSeries] = {}
         self.engine(0)  # engine "0" exists from the start, replicas beyond it from their first record
+        # vLLM's vllm:cache_config_info (value 1, the cache's settings as labels), made at the first
+        # set_cache_config: its label names are the engine's (CacheConfig.metrics_info), known once it loaded
+        self.cache_config_info: Optional[Gauge] = None
+        self._cache_label_names: tuple[str, ...] = ()
+        self._cache_info: dict[int, dict[str, str]] = {}
 
     def engine(self, index: int) -> "_EngineSeries":
         """The series of one engine (replica), bound to its labels once."""
@@ -271,11 +276,31 @@ class PrometheusMetrics:
         except Exception:  # noqa: BLE001
             logger.exception("metrics: observe_http failed")
 
+    def set_cache_config(self, engine_index: int, info: dict[str, str]) -> None:
+        """vLLM's ``vllm:cache_config_info{engine, block_size, cache_dtype, ...} 1`` for one engine."""
+        try:
+            if self._cache_info.get(engine_index) == info:
+                return
+            if self.cache_config_info is None:
+                self._cache_label_names = tuple(info)
+                self.cache_config_info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                               [*self._cache_label_names, "engine"], registry=self.registry)
+            previous = self._cache_info.get(engine_index)
+            if previous is not None:  # remove() takes the values in the gauge's label order
+                self.cache_config_info.remove(*(previous[name] for name in self._cache_label_names),
+                                              str(engine_index))
+            self.cache_config_info.labels(**info, engine=str(engine_index)).set(1)
+            self._cache_info[engine_index] = dict(info)
+        except Exception:  # noqa: BLE001
+            logger.exception("metrics: set_cache_config failed")
+
     def refresh(self, engine_stats: Optional[dict]) -> None:
         """Gauges from the engine's snapshot at scrape time (no step runs while idle)."""
         if not engine_stats:
             return
         for index, stats in enumerate(engine_stats.get("replicas") or [engine_stats]):
+            if stats.get("cache_config"):
+                self.set_cache_config(index, stats["cache_config"])
             e = self.engine(index)
             e.running.set(stats.get("num_running", 0))
             e.waiting.set(stats.get("num_waiting", 0))

@@ -43,9 +43,6 @@ def _only(*allowed: Any) -> Callable[[Any], bool]:
 
 # Options accepted at the value that means what aioinfer does, refused otherwise: (check, reason).
 ONLY_DEFAULT: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "quantization": (_only(None), "quantized inference is not implemented (a quantized GGUF file loads, "
-                                  "dequantized to the model's dtype)"),
-    "kv_cache_dtype": (_only("auto", None), "the KV cache is kept in the model's dtype"),
     "cpu_offload_gb": (_only(0, 0.0, None), "weights are not offloaded to the CPU"),
     "pipeline_parallel_size": (_only(1, None), "only tensor and data parallelism exist"),
     "enable_lora": (_only(False, None), "LoRA adapters are not supported"),
@@ -150,8 +147,6 @@ VLLM_ENGINE_FLAGS: dict[str, tuple[Any, tuple[str, ...], Optional[str]]] = {
     "disable_custom_all_reduce": (bool, (), None),
     "enable_lora": (bool, (), None),
     "skip_tokenizer_init": (bool, (), None),
-    "quantization": (str, ("-q",), "not implemented: refused (a quantized GGUF file loads, dequantized)"),
-    "kv_cache_dtype": (str, (), "auto only (the KV cache is kept in the model's dtype)"),
     "cpu_offload_gb": (float, (), None),
     "pipeline_parallel_size": (int, ("-pp",), None),
     "tokenizer_mode": (str, (), None),

@@ -333,10 +333,23 @@ def add_engine_options(parser: Any) -> None:
     when it parses (``max_cuda_graph_prefill_tokens=0``, ``enable_prefix_caching=false``), else a string."""
     parser.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra LLM(...) option for aioinfer (repeatable)")
+    parser.add_argument("--quantization", default=None, help="both engines: weights' format (fp8)")
+    parser.add_argument("--kv-cache-dtype", default=None, help="both engines: the KV cache's type (fp8)")
+
+
+def format_options(args: Any) -> dict[str, Any]:
+    """The options that set the model's formats, given to aioinfer and its vLLM peer alike."""
+    return {key: value for key in ("quantization", "kv_cache_dtype")
+            if (value := getattr(args, key, None)) is not None}
+
+
+def format_argv(args: Any) -> list[str]:
+    """``format_options`` as the flags of a benchmark's child process."""
+    return [item for key, value in format_options(args).items() for item in (f"--{key.replace('_', '-')}", value)]
 
 
 def engine_options(args: Any) -> dict[str, Any]:
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = format_options(args)
     for item in getattr(args, "engine_option", None) or ():
         key, sep, value = item.partition("=")
         if not sep:

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from benchmarks.common import (default_device, SHAPES, add_engine_options, ceilings, decode_step_floor_s, dump, engine_options,
+                               format_options,
                                environment, format_table, fresh_cache_salt, make_llm, workload2,
                                write_dummy_model)
 
@@ -114,7 +115,8 @@ def main() -> None:
 
             theirs = vllm_peer.run("decode", str(folder), args.vllm_pythonpath, args.vllm_timeout, batches=batches,
                                    prompt_len=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
-                                   max_token_id=tok_max, gpu_memory_utilization=args.gpu_memory_utilization)
+                                   max_token_id=tok_max, gpu_memory_utilization=args.gpu_memory_utilization,
+                                   llm_options=format_options(args))
             for row in theirs.get("results", []):
                 ours = next(r for r in results if r["system"] == "aioinfer" and r["batch"] == row["batch"])
                 row.update(floor_ms=ours["floor_ms"], over_floor=row["tpot_ms"] / ours["floor_ms"],

@@ -25,7 +25,8 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks.common import (default_device, SHAPES, add_engine_options, ceilings, dump, engine_options, environment, format_table,
+from benchmarks.common import (default_device, SHAPES, add_engine_options, ceilings, dump, engine_options, environment,
+                               format_argv, format_options, format_table,
                                output_tokens, run_child, workload1, workload_floor, write_child_result,
                                write_dummy_model)
 
@@ -109,6 +110,7 @@ def main() -> None:
             common += ["--enable-prefix-caching", args.enable_prefix_caching]
         for option in args.engine_option:
             common += ["--engine-option", option]
+        common += format_argv(args)
         if args.structured_json:
             common += ["--structured-json", args.structured_json]
         common += ["--peers", ",".join(peers)] if peers else ["--skip-peers"]
@@ -124,7 +126,7 @@ def main() -> None:
                 "offline", str(folder), args.vllm_pythonpath, args.peer_timeout, num_requests=len(requests),
                 max_token_id=tok_max, repeats=args.repeats, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
-                gpu_memory_utilization=args.gpu_memory_utilization)
+                gpu_memory_utilization=args.gpu_memory_utilization, llm_options=format_options(args))
             print(f"vllm: {results['vllm']}", flush=True)
 
     ours = results["aioinfer"]

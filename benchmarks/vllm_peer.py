@@ -7,8 +7,8 @@ own; the repository root is the child's working directory, so ``benchmarks`` sti
 
 vLLM gets the same dummy bf16 folder, the same token ids (``TokensPrompt``: the folder has no
 tokenizer, hence ``skip_tokenizer_init``), the same greedy sampling with EOS ignored and the same
-limits (``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, ``gpu_memory_utilization``) as
-aioinfer; its defaults otherwise (torch.compile, CUDA graphs, its attention backend, prefix caching,
+limits (``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, ``gpu_memory_utilization``) and
+formats (``quantization``, ``kv_cache_dtype``) as aioinfer; its defaults otherwise (torch.compile, CUDA graphs, its attention backend, prefix caching,
 which ``reset_prefix_cache`` empties before every timed run as a fresh salt does for aioinfer). The
 first run after start is a warm-up, as for aioinfer.
 """
@@ -35,7 +35,7 @@ def run(mode: str, folder: str, pythonpath: Optional[str], timeout_s: float, **o
 
 
 def _make_llm(folder: str, max_model_len: int, max_num_seqs: int, max_num_batched_tokens: Optional[int],
-              gpu_memory_utilization: float):
+              gpu_memory_utilization: float, llm_options: Optional[dict[str, Any]] = None):
     from vllm import LLM
 
     kwargs: dict[str, Any] = dict(model=folder, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
@@ -43,7 +43,7 @@ def _make_llm(folder: str, max_model_len: int, max_num_seqs: int, max_num_batche
                                   gpu_memory_utilization=gpu_memory_utilization)
     if max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = max_num_batched_tokens
-    return LLM(**kwargs)
+    return LLM(**kwargs, **(llm_options or {}))
 
 
 def _generate(llm, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int]) -> tuple[int, float]:
@@ -65,12 +65,13 @@ def _generate(llm, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int]) 
 
 
 def offline(folder: str, num_requests: int, max_token_id: int, repeats: int, max_num_seqs: int,
-            max_num_batched_tokens: int, gpu_memory_utilization: float) -> dict[str, Any]:
+            max_num_batched_tokens: int, gpu_memory_utilization: float,
+            llm_options: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Workload 1: the median of ``repeats`` timed runs of its requests, after a warm-up."""
     import vllm
 
     t0 = time.perf_counter()
-    llm = _make_llm(folder, 2048, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization)
+    llm = _make_llm(folder, 2048, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, llm_options)
     init_s = time.perf_counter() - t0
     warm = workload1(num_requests=4, seed=1, max_input_len=200, max_output_len=110, max_token_id=500)
     _generate(llm, [r.prompt for r in warm], [r.max_tokens for r in warm])
@@ -85,11 +86,11 @@ def offline(folder: str, num_requests: int, max_token_id: int, repeats: int, max
 
 
 def decode(folder: str, batches: Sequence[int], prompt_len: int, new_tokens: int, repeats: int, max_token_id: int,
-           gpu_memory_utilization: float) -> dict[str, Any]:
+           gpu_memory_utilization: float, llm_options: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Workload 2 as decode_latency.py times aioinfer: TPOT = (T(new_tokens) - T(1)) / (new_tokens - 1)."""
     import vllm
 
-    llm = _make_llm(folder, prompt_len + new_tokens + 16, max(batches), None, gpu_memory_utilization)
+    llm = _make_llm(folder, prompt_len + new_tokens + 16, max(batches), None, gpu_memory_utilization, llm_options)
     rows = []
     for batch in batches:
         prompts = [r.prompt for r in workload2(batch, prompt_len, new_tokens, max_token_id=max_token_id)]

@@ -39,6 +39,7 @@ from aioinfer.engine.input_processor import InputProcessor, prompt_salt
 from aioinfer.engine.output_processor import OutputProcessor
 from aioinfer.errors import (AdmissionLimitExceeded, EngineDeadError, EngineNotReady, EngineOverloaded,
                              SlowConsumerError)
+from aioinfer.layers.quantization.fp8_linear import quantization_method
 from aioinfer.request import RequestStatus
 from aioinfer.sampling_params import SamplingParams
 
@@ -230,6 +231,10 @@ class Engine:
         return self._core.loaded.max_model_len
 
     @property
+    def quantization(self) -> Optional[str]:
+        return quantization_method(self._core.loaded.model)  # vLLM's name ("fp8", ...), None when plain
+
+    @property
     def vocab_size(self) -> int:
         return self._core.loaded.arch.vocab_size
 
@@ -333,6 +338,7 @@ class Engine:
             "num_waiting": step.num_waiting if step else 0,
             "kv_usage": step.kv_usage if step else 0.0,
             **self.counters,
+            **({"cache_config": self._core.cache_config_info} if self._core is not None else {}),  # vLLM's labels
         }
 
     # ------------------------------------------------------------------ event-loop side of the bridge

@@ -21,7 +21,8 @@ from aioinfer.attention.triton_ops.prefill import paged_prefill, prefill_program
 
 
 class TritonAttentionBackend(AttentionBackend):
-    """Paged attention on Triton kernels (fp16, bf16, fp32; head_dim a power of two 16..256).
+    """Paged attention on Triton kernels (fp16, bf16, fp32; head_dim a power of two 16..256), over a
+    cache of the query's dtype or of fp8 (float8_e4m3fn, with the layer's K/V scales).
 
     Decode steps (``max_query_len == 1``) use the split-K decode kernel; any other step uses the
     prefill kernel, which handles chunked prefill and decode rows side by side.
@@ -34,6 +35,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     name = "triton"
     supports_cuda_graphs = True  # reads every per-sequence value from device tensors
+    supports_fp8_kv = True  # float8_e4m3fn caches: quantized on write, converted per tile on read
 
     def __init__(self, decode_num_splits: Optional[int] = None) -> None:
         self.decode_num_splits = decode_num_splits  # None: chosen per step from max_seq_len
@@ -60,22 +62,24 @@ class TritonAttentionBackend(AttentionBackend):
         programs = prefill_programs_per_kv_head(num_tokens, 1, num_heads, num_kv_heads, head_dim, dtype)
         return choose_num_splits(programs, num_kv_heads, max_context, torch.device(device))
 
-    def write_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
-        write_kv(key, value, key_cache, value_cache, slot_mapping)
+    def write_kv(self, key, value, key_cache, value_cache, slot_mapping, k_scale: float = 1.0,
+                 v_scale: float = 1.0) -> None:
+        write_kv(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
 
-    def forward(self, query, key_cache, value_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(self, query, key_cache, value_cache, metadata: AttentionMetadata, scale: float,
+                k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
         # query [T, Hq, D] -> [T, Hq, D]
         if metadata.max_query_len == 1 and metadata.num_tokens == metadata.num_seqs:
             return paged_decode(
                 query, key_cache, value_cache, metadata.block_tables, metadata.seq_lens, scale,
                 max_seq_len=metadata.max_seq_len,
                 num_splits=metadata.decode_num_splits if metadata.decode_num_splits is not None
-                else self.decode_num_splits,
+                else self.decode_num_splits, k_scale=k_scale, v_scale=v_scale,
             )
         return paged_prefill(
             query, key_cache, value_cache, metadata.block_tables, metadata.seq_lens,
             metadata.query_start_loc, metadata.num_seqs, scale, max_seq_len=metadata.max_seq_len,
-            num_splits=metadata.prefill_num_splits,
+            num_splits=metadata.prefill_num_splits, k_scale=k_scale, v_scale=v_scale,
         )
 
     def forward_no_cache(self, query, key, value, metadata: AttentionMetadata, scale: float) -> torch.Tensor:

@@ -145,6 +145,10 @@ class DataParallelEngine:
         return self._replicas[0].max_model_len
 
     @property
+    def quantization(self) -> Optional[str]:
+        return self._replicas[0].quantization
+
+    @property
     def vocab_size(self) -> int:
         return self._replicas[0].vocab_size
 

@@ -34,6 +34,8 @@ class EngineCore:
         # Host blocks for swap preemption (swap_space_gib / bytes per block), sized by the executor;
         # one without swap support has none, and the scheduler then always recomputes.
         num_host_blocks = self.executor.num_host_blocks if config.scheduler.preemption_mode == "swap" else 0
+        # vLLM's vllm:cache_config_info labels (metrics.py): the cache as configured and as sized
+        self.cache_config_info = config.cache.metrics_info(self.executor.num_kv_blocks, num_host_blocks)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.loaded.max_model_len,
                                    num_host_blocks=num_host_blocks, speculative=config.speculative,
                                    # a step with drafts stays within the largest CUDA-graph token bucket

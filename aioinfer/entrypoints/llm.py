@@ -46,6 +46,8 @@ class LLM:
                                      grammar_limits=self.engine.grammar_limits)
         self._ids = itertools.count()
         self._metrics = _offline_metrics(self.config.model.model)  # None without prometheus_client
+        if self._metrics is not None:
+            self._metrics.prometheus.set_cache_config(0, self.engine.cache_config_info)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes, if any (a no-op otherwise). Idempotent;

@@ -88,7 +88,7 @@ def load_for_engine(config: EngineConfig, tokenizer_loader: Optional[Callable[..
     phase = time.perf_counter()
     model, arch = load_model(source, dtype=dtype, device=device, load_format=config.model.load_format,
                              attention_backend=get_attention_backend(config.attention_backend, device), seed=config.model.seed,
-                             tp=tp)
+                             tp=tp, quantization=config.model.quantization)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     logger.info("weights: %s (%s) loaded as %s on %s in %.2f s (%.1f MiB)", source.path.name,
                 "dummy" if config.model.load_format == "dummy" else source.kind, str(dtype).removeprefix("torch."),

@@ -2,7 +2,9 @@
 the ranks of a tensor-parallel group must agree on. Every executor builds its runners here.
 
 The KV cache spec is made once, here, from the loaded model (its layers, this rank's KV heads, its
-head size and dtype); the runner allocates the cache it describes. The scheduler on rank 0 hands
+head size) and the cache's dtype (the model's, or fp8 for ``kv_cache_dtype="fp8"``, which the
+attention backend must be able to hold: refused here otherwise, before anything is allocated); the
+runner allocates the cache it describes. The scheduler on rank 0 hands
 out KV block ids, so every rank must own the same number of blocks: each rank sizes its cache from
 its own free memory, then all take the smallest. CUDA graphs are likewise all-or-none: a rank that
 replays a graph and a rank that runs eager would still meet in the same collectives, but a capture
@@ -14,6 +16,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import torch
+
+from aioinfer.attention.fp8_kv import FP8_DTYPE
 from aioinfer.config import EngineConfig
 from aioinfer.distributed.group import SINGLE, TPGroup
 from aioinfer.errors import TensorParallelError
@@ -24,11 +29,31 @@ from aioinfer.worker.model_runner import ModelRunner
 logger = logging.getLogger(__name__)
 
 
-def kv_cache_spec(loaded: LoadedModel, block_size: int) -> KVCacheSpec:
-    """The paged KV cache of ``loaded``'s model (this rank's share of the KV heads under tensor parallelism)."""
+def kv_cache_spec(loaded: LoadedModel, block_size: int, kv_cache_dtype: str = "auto") -> KVCacheSpec:
+    """The paged KV cache of ``loaded``'s model (this rank's share of the KV heads under tensor
+    parallelism), in the model's dtype or, for ``kv_cache_dtype`` "fp8" / "fp8_e4m3", float8_e4m3fn."""
     model = loaded.model
-    return KVCacheSpec(num_layers=len(model.attention_layers()), block_size=block_size,
-                       num_kv_heads=model.num_kv_heads, head_dim=loaded.arch.head_dim, dtype=loaded.dtype)
+    layers = model.attention_layers()
+    dtype = loaded.dtype
+    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        backend = layers[0].backend
+        if not getattr(backend, "supports_fp8_kv", False):
+            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported by the {backend.name!r} attention "
+                             f"backend: use attention_backend 'auto' (Triton on CUDA, torch on CPU), 'triton' or "
+                             f"'torch'")
+        device = getattr(loaded, "device", None)
+        if (backend.name == "triton" and device is not None and device.type == "cuda"
+                and torch.cuda.get_device_capability(device) < (8, 9)):
+            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} on the Triton kernels needs a GPU of compute "
+                             f"capability 8.9 or newer (Ada, Hopper: Triton's float8_e4m3fn conversions), got "
+                             f"{torch.cuda.get_device_name(device)}; use attention_backend 'torch' or the model's "
+                             f"dtype")
+        dtype = FP8_DTYPE
+        calibrated = sum(1 for layer in layers if (layer.k_scale, layer.v_scale) != (1.0, 1.0))
+        logger.info("KV cache: fp8 (float8_e4m3fn), %s", f"the checkpoint's scales in {calibrated} of {len(layers)} "
+                    "layers" if calibrated else "scale 1.0 (the checkpoint has no calibrated KV scales)")
+    return KVCacheSpec(num_layers=len(layers), block_size=block_size, num_kv_heads=model.num_kv_heads,
+                       head_dim=loaded.arch.head_dim, dtype=dtype)
 
 
 def build_runner(config: EngineConfig, loaded: LoadedModel, group: TPGroup = SINGLE) -> ModelRunner:
@@ -38,7 +63,7 @@ def build_runner(config: EngineConfig, loaded: LoadedModel, group: TPGroup = SIN
     device; the ranks agree on the block count and on CUDA graphs, and rank 0's grammar masks are
     sampled on every rank.
     """
-    spec = kv_cache_spec(loaded, config.cache.block_size)
+    spec = kv_cache_spec(loaded, config.cache.block_size, config.cache.kv_cache_dtype)
     num_blocks = group.min_int(choose_num_blocks(config, spec, loaded.device, loaded.max_model_len))
     runner = ModelRunner(config, loaded.model, loaded.arch, loaded.device, loaded.dtype, loaded.max_model_len,
                          spec, num_blocks)

@@ -1,4 +1,11 @@
-"""The attention layer: writes the step's K/V into this layer's paged cache, then calls the backend."""
+"""The attention layer: writes the step's K/V into this layer's paged cache, then calls the backend.
+
+It also holds the layer's KV-cache scales (``k_scale``, ``v_scale``: Python floats, 1.0 unless the
+checkpoint carried calibrated ones, layers/kv_scales.py), which the backend applies when the cache
+is fp8 and ignores otherwise. Floats, not tensors or parameters: they are fixed after load, cost no
+device read per step, are baked into captured CUDA graphs, and a checkpoint without them still
+has every parameter the loader expects.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ class Attention(nn.Module):
     ``kv_cache`` is set by the model runner: (key_cache, value_cache), each
     [num_blocks, block_size, num_kv_heads, head_dim]. With no cache set (profiling runs), every
     sequence in the batch must be a full prefill and attention runs on the fresh K/V directly.
+    ``k_scale`` / ``v_scale``: an fp8 cache stores ``k / k_scale`` and ``v / v_scale``.
     """
 
     def __init__(
@@ -31,6 +39,8 @@ class Attention(nn.Module):
         self.scale = scale
         self.backend = backend
         self.kv_cache: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self.k_scale = 1.0  # vLLM's default when the checkpoint has no calibrated scales
+        self.v_scale = 1.0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq*D]
@@ -39,6 +49,6 @@ class Attention(nn.Module):
             out = self.backend.forward_no_cache(q, k, v, metadata, self.scale)
         else:
             key_cache, value_cache = self.kv_cache
-            self.backend.write_kv(k, v, key_cache, value_cache, metadata.slot_mapping)
-            out = self.backend.forward(q, key_cache, value_cache, metadata, self.scale)
+            self.backend.write_kv(k, v, key_cache, value_cache, metadata.slot_mapping, self.k_scale, self.v_scale)
+            out = self.backend.forward(q, key_cache, value_cache, metadata, self.scale, self.k_scale, self.v_scale)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

@@ -61,10 +61,34 @@ class Linear(nn.Module):
         self.out_features = out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        # FP8 weights: an Fp8Linear (layers/quantization/fp8_linear.py) that owns the weight's dtype,
+        # its scales, their loading and the product; None: a plain half/float weight.
+        self.quant = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [T, in] -> [T, out]
-        return linear(x, self.weight, self.bias)
+        return self.product(x, self.bias)
+
+    def product(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """``x W^T + bias`` with this layer's weight, plain or quantized."""
+        if self.quant is not None:
+            return self.quant.apply(self, x, bias)
+        return linear(x, self.weight, bias)
+
+    # Where checkpoint tensors go: the quantized loader shares these with the plain one.
+    def rows(self, shard_id=None) -> tuple[int, int]:
+        """(first row, rows) of this rank's parameter that checkpoint piece ``shard_id`` fills."""
+        return 0, self.out_features
+
+    def rank_part(self, loaded: torch.Tensor, shard_id=None, unit: tuple[int, int] = (1, 1)) -> torch.Tensor:
+        """The part of a whole checkpoint tensor this rank keeps (``unit``: rows and columns per
+        element, for block scales)."""
+        return loaded
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if self.quant is not None and self.quant.load(self, param, loaded, shard_id):
+            return
+        default_weight_loader(param, loaded)
 
 
 class MergedLinear(Linear):
@@ -82,21 +106,40 @@ class MergedLinear(Linear):
         start = sum(self.output_sizes[:shard_id])
         return start, self.output_sizes[shard_id]
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[int] = None) -> None:
-        # loaded: one full (unsharded) checkpoint projection, [out_i, in] or [out_i] for a bias.
+    def _shard(self, shard_id) -> Optional[int]:
+        """The stacked projection a checkpoint tensor fills; None: a pre-fused one, whole (one rank)."""
         if shard_id is None:
             if not self.tp.is_parallel:
-                default_weight_loader(param, loaded)
-                return
+                return None
             if len(self.output_sizes) != 1:
                 raise ValueError("a pre-fused checkpoint tensor cannot be split over tensor-parallel ranks")
-            shard_id = 0
-        start, size = self._shard_range(shard_id)
+            return 0
+        return shard_id
+
+    def rows(self, shard_id=None) -> tuple[int, int]:
+        shard = self._shard(shard_id)
+        return (0, self.out_features) if shard is None else self._shard_range(shard)
+
+    def rank_part(self, loaded: torch.Tensor, shard_id=None, unit: tuple[int, int] = (1, 1)) -> torch.Tensor:
+        shard = self._shard(shard_id)
+        if shard is None:
+            return loaded
+        size = self._shard_range(shard)[1] // unit[0]
+        if loaded.shape[0] != size * self.tp.world_size:
+            raise ValueError(f"shard {shard_id}: expected {size * self.tp.world_size} rows, got {tuple(loaded.shape)}")
+        return loaded.narrow(0, self.tp.rank * size, size)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[int] = None) -> None:
+        # loaded: one full (unsharded) checkpoint projection, [out_i, in] or [out_i] for a bias.
+        if self.quant is not None and self.quant.load(self, param, loaded, shard_id):
+            return
+        start, size = self.rows(shard_id)
+        part = self.rank_part(loaded, shard_id)
         target = param.data.narrow(0, start, size)
-        if loaded.shape[0] != size * self.tp.world_size or target.shape[1:] != loaded.shape[1:]:
-            raise ValueError(f"shard {shard_id}: expected {(size * self.tp.world_size,) + tuple(target.shape[1:])}, "
-                             f"got {tuple(loaded.shape)}")
-        target.copy_(loaded.narrow(0, self.tp.rank * size, size))
+        if target.shape != part.shape:
+            raise ValueError(f"shard {shard_id}: expected {tuple(target.shape)}, got {tuple(part.shape)} "
+                             f"of {tuple(loaded.shape)}")
+        target.copy_(part)
 
 
 class QKVLinear(MergedLinear):
@@ -114,8 +157,8 @@ class QKVLinear(MergedLinear):
         super().__init__(hidden_size, [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim],
                          bias, tp)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:  # type: ignore[override]
-        super().weight_loader(param, loaded, self._SHARDS[shard_id] if isinstance(shard_id, str) else shard_id)
+    def _shard(self, shard_id) -> Optional[int]:
+        return super()._shard(self._SHARDS[shard_id] if isinstance(shard_id, str) else shard_id)
 
 
 class RowParallelLinear(Linear):
@@ -129,19 +172,26 @@ class RowParallelLinear(Linear):
         self.tp = tp
         super().__init__(tp.shard(in_features, name), out_features, bias)
 
+    def rank_part(self, loaded: torch.Tensor, shard_id=None, unit: tuple[int, int] = (1, 1)) -> torch.Tensor:
+        if loaded.dim() == 1:  # the bias and per-row scales: output rows are not split
+            return loaded
+        size = self.in_features // unit[1]
+        if loaded.shape[1] != size * self.tp.world_size:
+            raise ValueError(f"expected {size * self.tp.world_size} columns, got {tuple(loaded.shape)}")
+        return loaded.narrow(1, self.tp.rank * size, size)
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[int] = None) -> None:
-        if param.dim() == 1:  # the bias: not split
-            default_weight_loader(param, loaded)
+        if self.quant is not None and self.quant.load(self, param, loaded, shard_id):
             return
-        size = self.in_features
-        if loaded.shape != (param.shape[0], size * self.tp.world_size):
-            raise ValueError(f"expected {(param.shape[0], size * self.tp.world_size)}, got {tuple(loaded.shape)}")
-        param.data.copy_(loaded.narrow(1, self.tp.rank * size, size))
+        if param.dim() == 2 and loaded.shape != (param.shape[0], self.in_features * self.tp.world_size):
+            raise ValueError(f"expected {(param.shape[0], self.in_features * self.tp.world_size)}, "
+                             f"got {tuple(loaded.shape)}")
+        default_weight_loader(param, self.rank_part(loaded))
 
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         # [T, in/tp] -> [T, out]; reduce=False: this rank's partial sum (the caller reduces it, fused
         # with the residual add and RMSNorm that follow: TPGroup.all_reduce_add_rms_norm)
         if not self.tp.is_parallel:
-            return linear(x, self.weight, self.bias)
-        partial = linear(x, self.weight, self.bias if self.tp.rank == 0 else None)
+            return self.product(x, self.bias)
+        partial = self.product(x, self.bias if self.tp.rank == 0 else None)
         return self.tp.all_reduce(partial) if reduce else partial

@@ -22,6 +22,7 @@ from aioinfer.distributed.group import SINGLE, TPGroup
 from aioinfer.layers.activation import get_act_and_mul
 from aioinfer.layers.attention import Attention
 from aioinfer.layers.embedding import LMHead, VocabEmbedding
+from aioinfer.layers.kv_scales import kv_scale_target, scale_value
 from aioinfer.layers.linear import MergedLinear, QKVLinear, RowParallelLinear, default_weight_loader
 from aioinfer.layers.norm import RMSNorm
 from aioinfer.layers.rotary import RotaryEmbedding, apply_rotary_qk
@@ -189,7 +190,8 @@ class DecoderForCausalLM(nn.Module):
         """Copy HF-named tensors into (fused) parameters, casting to each parameter's dtype/device.
 
         Returns the names of the parameters that were written. Rotary ``inv_freq`` buffers and, for
-        tied models, ``lm_head.weight`` are skipped.
+        tied models, ``lm_head.weight`` are skipped. Calibrated KV-cache scales (layers/kv_scales.py)
+        set their layer's ``k_scale`` / ``v_scale``, which only an fp8 KV cache uses.
         """
         params = dict(self.named_parameters(remove_duplicate=False))
         modules = dict(self.named_modules())
@@ -204,6 +206,10 @@ class DecoderForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue  # some tied checkpoints still store it; the embedding is authoritative
+            kv_scale = kv_scale_target(name)
+            if kv_scale is not None:  # before _STACKED: "k_proj.output_scale" is no qkv_proj parameter
+                self._set_kv_scale(name, tensor, *kv_scale)
+                continue
             for fused, piece, shard in _STACKED:
                 if f".{piece}." in name:
                     target = name.replace(f".{piece}.", f".{fused}.")
@@ -220,3 +226,16 @@ class DecoderForCausalLM(nn.Module):
                 (loader_of(name) or default_weight_loader)(param, tensor)
                 loaded.add(name)
         return loaded
+
+    def _set_kv_scale(self, name: str, tensor: torch.Tensor, layer: int, which: str) -> None:
+        """A checkpoint's KV-cache scale into layer ``layer``'s attention ("" : a query scale, dropped)."""
+        if not 0 <= layer < len(self.model.layers):
+            raise KeyError(f"checkpoint tensor {name!r} names layer {layer}; this model has {len(self.model.layers)}")
+        if not which:
+            return
+        attn = self.model.layers[layer].self_attn.attn
+        value = scale_value(name, tensor)
+        if "k" in which:
+            attn.k_scale = value
+        if "v" in which:
+            attn.v_scale = value

@@ -17,6 +17,8 @@ import torch
 
 from aioinfer.attention.backend import AttentionBackend
 from aioinfer.distributed.group import TPGroup
+from aioinfer.layers.quantization.config import QuantConfig, quant_config
+from aioinfer.layers.quantization.fp8_linear import quantize_linears
 from aioinfer.models.arch_config import ArchConfig, check_attention_window
 from aioinfer.models.decoder import DecoderForCausalLM
 from aioinfer.models.registry import get_model_class
@@ -116,12 +118,21 @@ def read_generation_config(folder: Path) -> dict[str, Any]:
     return out
 
 
+def load_quant_config(source: ModelSource, quantization: Optional[str]) -> Optional[QuantConfig]:
+    """The FP8 layout of ``source``'s linear layers under the engine's ``quantization`` option (None:
+    plain weights). A GGUF carries no FP8 layout: only ``quantization="fp8"`` quantizes it."""
+    hf = json.loads((source.path / "config.json").read_text()) if source.kind == "hf" else {}
+    return quant_config(hf, quantization)
+
+
 def _build_empty(cfg: ArchConfig, dtype: torch.dtype, device: torch.device, backend,
-                 tp: Optional[TPGroup]) -> DecoderForCausalLM:
+                 tp: Optional[TPGroup], quant: Optional[QuantConfig] = None) -> DecoderForCausalLM:
     cls = get_model_class(cfg.architecture)
     with torch.device("meta"):
         model = cls(cfg, backend, tp)
     model = model.to(dtype=dtype)  # free on meta: only metadata changes
+    if quant is not None:
+        quantize_linears(model, quant, device)  # FP8 weights and their scales, still on meta
     model.to_empty(device=device)
     model.tie_weights()  # to_empty re-creates parameters, which unties them
     model.reset_buffers()
@@ -138,6 +149,7 @@ def load_model(
     seed: int = 0,
     tp: Optional[TPGroup] = None,
     max_model_len: Optional[int] = None,
+    quantization: Optional[str] = None,
 ) -> tuple[DecoderForCausalLM, ArchConfig]:
     """Build the model for ``source`` in ``dtype`` on ``device`` and fill its weights (a source from
     ``open_model_source`` lends its parsed GGUF; otherwise a GGUF is parsed here).
@@ -147,6 +159,8 @@ def load_model(
     holds this rank's shard of every split layer. ``max_model_len`` (tokens; None: the model's
     ``max_position_embeddings``, the engine's default) is the longest context the caller will run: a
     model whose sliding attention window is shorter is refused before any weight is read.
+    ``quantization``: the engine option (None, "fp8", "compressed-tensors"); an FP8 checkpoint loads
+    as FP8 whatever it says (layers/quantization/config.py).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
@@ -168,12 +182,13 @@ def load_model(
     else:
         cfg = load_arch_config(source)
     check_attention_window(cfg, max_model_len or cfg.max_position_embeddings)
+    quant = load_quant_config(source, quantization)
 
-    model = _build_empty(cfg, dtype, device, attention_backend, tp)
+    model = _build_empty(cfg, dtype, device, attention_backend, tp, quant)
     if fmt == "dummy":
         from aioinfer.models.weight_utils import init_dummy_weights
 
-        init_dummy_weights(model, seed)
+        init_dummy_weights(model, seed)  # FP8 layers quantize these as they load, whatever the format
     else:
         if fmt == "gguf":
             from aioinfer.models.gguf_loader import iterate_gguf

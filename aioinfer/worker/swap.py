@@ -27,6 +27,11 @@ CUDA ordering, with no host sync anywhere:
 - staging buffers come from torch's caching allocator, marked with ``record_stream`` for the other
   stream, so their memory is not reused before the copy or scatter that reads them has run.
 On CPU the same copies run synchronously into a plain host tensor (the tests run this path).
+
+An fp8 KV cache (kv_cache_dtype="fp8") swaps as it is stored: the host pool and the staging buffers
+have the cache's dtype, so a block comes back bit for bit, at half the bytes of bf16. The gathers
+and scatters go through ``uint8`` views of the same bytes (torch's CPU index_copy_ has no float8
+kernel).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any, Sequence
 
 import torch
 
+from aioinfer.attention.fp8_kv import raw_bytes
 from aioinfer.core.scheduler_output import SwapTiming
 from aioinfer.config import EngineConfig
 from aioinfer.core.scheduler_output import SwapIn, SwapOut
@@ -188,15 +194,17 @@ class KVSwapper:
     def _gather(self, index: torch.Tensor) -> torch.Tensor:
         # [n, num_layers, 2, block_size, num_kv_heads, head_dim]
         staging = torch.empty((len(index), *self.block_shape), dtype=self.spec.dtype, device=self.device)
+        raw = raw_bytes(staging)  # a view: the gathers fill ``staging`` itself
         for layer, (keys, values) in enumerate(self.kv_caches):
-            torch.index_select(keys, 0, index, out=staging[:, layer, 0])
-            torch.index_select(values, 0, index, out=staging[:, layer, 1])
+            torch.index_select(raw_bytes(keys), 0, index, out=raw[:, layer, 0])
+            torch.index_select(raw_bytes(values), 0, index, out=raw[:, layer, 1])
         return staging
 
     def _scatter(self, staging: torch.Tensor, index: torch.Tensor) -> None:
+        raw = raw_bytes(staging)
         for layer, (keys, values) in enumerate(self.kv_caches):
-            keys.index_copy_(0, index, staging[:, layer, 0])
-            values.index_copy_(0, index, staging[:, layer, 1])
+            raw_bytes(keys).index_copy_(0, index, raw[:, layer, 0])
+            raw_bytes(values).index_copy_(0, index, raw[:, layer, 1])
 
     # ------------------------------------------------------------------ timings
 

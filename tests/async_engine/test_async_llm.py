@@ -91,7 +91,7 @@ def test_async_with_and_concurrent_requests(model_dir):
 
 def test_bad_options_fail_at_construction(model_dir):
     with pytest.raises(ValueError, match="kv_cache_dtype"):
-        AsyncLLM(model_dir, kv_cache_dtype="fp8")
+        AsyncLLM(model_dir, kv_cache_dtype="fp8_e5m2")
     with pytest.raises(ValueError, match="output_kind"):
         SamplingParams(output_kind=7)
 

@@ -71,7 +71,7 @@ def test_several_served_names_and_api_keys():
 
 
 def test_no_op_flags_change_nothing():
-    argv = ["--enable-chunked-prefill", "--disable-log-stats", "--trust-remote-code", "--kv-cache-dtype", "auto",
+    argv = ["--enable-chunked-prefill", "--disable-log-stats", "--trust-remote-code",
             "--structured-outputs-config", '{"backend": "guidance", "disable_fallback": true}',
             "--structured-outputs-config.backend", "auto", "--guided-decoding-backend", "guidance:no-fallback",
             "--uvicorn-log-level", "trace", "-pp", "1", "--tokenizer-mode", "auto", "--no-enable-lora",
@@ -82,8 +82,8 @@ def test_no_op_flags_change_nothing():
 
 @pytest.mark.parametrize("argv, fragment", [
     (["--no-enable-chunked-prefill"], "prefill is always chunked"),
-    (["--kv-cache-dtype", "fp8"], "the KV cache is kept in the model's dtype"),
-    (["-q", "awq"], "quantized inference is not implemented"),
+    (["--kv-cache-dtype", "fp8_e5m2"], "e5m2 (more range, fewer mantissa bits) is not implemented"),
+    (["-q", "awq"], "invalid choice: 'awq'"),
     (["--reasoning-parser", "deepseek_r1"], "reasoning parsers are not implemented yet"),
     (["--guided-decoding-backend", "xgrammar"], "'xgrammar' is not available: aioinfer's is llguidance"),
     (["--structured-outputs-config.backend", "outlines"], "'outlines' is not available"),
@@ -99,9 +99,14 @@ def test_flags_aioinfer_would_not_honour_are_refused_with_the_reason(argv, fragm
     assert exit_info.value.code == 2 and fragment in err and argv[0] in err
 
 
+def test_kv_cache_dtype_is_vllms_option():
+    for value in ("auto", "fp8", "fp8_e4m3"):
+        assert engine_kwargs(["--kv-cache-dtype", value]) == {"kv_cache_dtype": value}
+
+
 def test_a_refusal_stops_serve_with_one_line(tmp_path):
-    result = run_serve([str(tmp_path), "--port", "0", "--kv-cache-dtype", "fp8_e4m3"])
-    assert_one_line_error(result, 2, "--kv-cache-dtype", "the KV cache is kept in the model's dtype")
+    result = run_serve([str(tmp_path), "--port", "0", "--kv-cache-dtype", "fp8_e5m2"])
+    assert_one_line_error(result, 2, "--kv-cache-dtype", "'fp8_e5m2' is not supported")
 
 
 def test_structured_outputs_config_sets_the_servers_additional_properties_rule():

@@ -36,7 +36,15 @@ def test_a_vllm_script_s_options_build_the_same_llm(model_dir):
             == [o.outputs[0].token_ids for o in plain.generate(["Hello there"], params, use_tqdm=False)])
 
 
-@pytest.mark.parametrize("option, value", [("quantization", "awq"), ("kv_cache_dtype", "fp8"), ("enable_lora", True),
+def test_quantization_takes_fp8_and_refuses_other_schemes(model_dir):
+    # fp8 (online) is served; 4-bit and other schemes are refused by the option's own check
+    for build in (lambda: LLM(model=model_dir, **BASE, quantization="awq"),
+                  lambda: Engine(model_dir, **BASE, quantization="awq")):
+        with pytest.raises(ValueError, match=r"quantization.*'awq'"):
+            build()
+
+
+@pytest.mark.parametrize("option, value", [("enable_lora", True),
                                            ("pipeline_parallel_size", 2), ("cpu_offload_gb", 4),
                                            ("enable_chunked_prefill", False)])
 def test_options_that_would_change_the_result_are_refused_by_name(model_dir, option, value):
@@ -46,13 +54,27 @@ def test_options_that_would_change_the_result_are_refused_by_name(model_dir, opt
             build()
 
 
+def test_kv_cache_dtype_takes_vllms_fp8_names_and_refuses_e5m2(model_dir):
+    for value in ("fp8", "fp8_e4m3", "auto"):
+        assert EngineConfig.from_kwargs("m", kv_cache_dtype=value).cache.kv_cache_dtype == value
+    assert EngineConfig.from_kwargs("m", kv_cache_dtype="fp8").cache.fp8_kv_cache
+    assert not EngineConfig.from_kwargs("m").cache.fp8_kv_cache
+    for build in (lambda: LLM(model=model_dir, **BASE, kv_cache_dtype="fp8_e5m2"),
+                  lambda: Engine(model_dir, **BASE, kv_cache_dtype="fp8_e5m2")):
+        with pytest.raises(ValueError, match=r"^kv_cache_dtype 'fp8_e5m2' is not supported: .*e5m2"):
+            build()
+    with pytest.raises(ValueError, match=r"^kv_cache_dtype must be one of \('auto', 'fp8', 'fp8_e4m3'\)"):
+        EngineConfig.from_kwargs("m", kv_cache_dtype="int8")
+
+
 def test_unknown_options_stay_a_type_error(model_dir):
     with pytest.raises(TypeError, match="max_num_seqz"):
         LLM(model=model_dir, **BASE, max_num_seqz=4)
 
 
 def test_translate():
-    assert translate({"swap_space": 2, "trust_remote_code": True, "kv_cache_dtype": "auto"}) == {"swap_space_gib": 2}
+    assert translate({"swap_space": 2, "trust_remote_code": True, "kv_cache_dtype": "fp8"}) == {
+        "swap_space_gib": 2, "kv_cache_dtype": "fp8"}  # an option of aioinfer's own now: passed through
     with pytest.raises(ValueError, match="same option"):
         translate({"swap_space": 2, "swap_space_gib": 2})
     config = EngineConfig.from_kwargs("m", swap_space=3, max_logprobs=5)

@@ -258,6 +258,8 @@ def test_default_max_tokens(client, model_name):
 def test_models_version_tokenize_detokenize(server, client, model_name, llm):
     models = client.models.list().data
     assert len(models) == 1 and models[0].owned_by == "aioinfer" and models[0].model_extra["max_model_len"] == MAX_MODEL_LEN
+    assert models[0].model_extra["quantization"] is None  # plain weights
+    assert models[0].model_extra["kv_cache_dtype"] == "auto"
     assert httpx.get(server.url + "/version").json()["version"]
     tok = httpx.post(server.url + "/tokenize", json={"prompt": PROMPTS[1]}).json()
     assert tok["tokens"] == llm.get_tokenizer().encode(PROMPTS[1]) and tok["count"] == len(tok["tokens"])

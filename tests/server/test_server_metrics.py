@@ -1,4 +1,5 @@
-"""/metrics on a real server counts served work only, and counts it as vLLM does."""
+"""/metrics on a real server counts served work only, and counts it as vLLM does; it reports the KV
+cache's settings (vllm:cache_config_info) as vLLM does too."""
 
 from __future__ import annotations
 
@@ -16,10 +17,16 @@ def model_dir(tmp_path_factory):
 
 def test_a_fresh_server_counts_nothing_and_a_request_counts_prompt_plus_generated(model_dir, tmp_path):
     # A budget of 4 tokens a step prefills the 7-token prompt in two chunks: a prompt still counts once.
+    # The KV cache and the weights in fp8, set by their variables: reported as vLLM reports the cache
+    # (and in /v1/models), counts unchanged.
     env = {"AIOINFER_MODEL": model_dir, "AIOINFER_DEVICE": "cpu", "AIOINFER_DTYPE": "float32",
-           "AIOINFER_MAX_NUM_BATCHED_TOKENS": "4", "AIOINFER_NUM_KV_BLOCKS": "64"}
+           "AIOINFER_MAX_NUM_BATCHED_TOKENS": "4", "AIOINFER_NUM_KV_BLOCKS": "64", "AIOINFER_KV_CACHE_DTYPE": "fp8",
+           "AIOINFER_QUANTIZATION": "fp8"}
     with run_server(env, tmp_path) as server:
+        card = httpx.get(server.url + "/v1/models").json()["data"][0]
+        assert card["quantization"] == "fp8" and card["kv_cache_dtype"] == "fp8"
         fresh = metric_samples(server)
+        assert metric(fresh, "vllm:cache_config_info", cache_dtype="fp8", num_gpu_blocks="64", engine="0") == 1
         for name in ("vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
                      "vllm:iteration_tokens_total_count", "vllm:e2e_request_latency_seconds_count"):
             assert metric(fresh, name) == 0, f"{name}: the warm-up request is not served work"

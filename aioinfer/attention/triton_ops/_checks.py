@@ -5,17 +5,19 @@ from __future__ import annotations
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8_DTYPE = torch.float8_e4m3fn  # the fp8 KV cache's (attention/fp8_kv.py); queries stay in FLOAT_DTYPES
 
 
 def check_kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, int, int, int]:
-    """Both caches [num_blocks, block_size, Hkv, D], same dtype/device/strides, D contiguous."""
+    """Both caches [num_blocks, block_size, Hkv, D], same dtype (a float type or fp8), device and
+    strides, D contiguous."""
     if key_cache.dim() != 4:
         raise ValueError(f"key_cache must be [num_blocks, block_size, Hkv, D], got {tuple(key_cache.shape)}")
     if key_cache.shape != value_cache.shape:
         raise ValueError("key_cache and value_cache shapes differ")
     if key_cache.dtype != value_cache.dtype:
         raise ValueError("key_cache and value_cache dtypes differ")
-    if key_cache.dtype not in FLOAT_DTYPES:
+    if key_cache.dtype not in (*FLOAT_DTYPES, FP8_DTYPE):
         raise ValueError(f"unsupported cache dtype {key_cache.dtype}")
     if key_cache.stride() != value_cache.stride():
         raise ValueError("key_cache and value_cache strides differ")
@@ -46,7 +48,10 @@ def check_paged_query(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
         raise ValueError(f"query must be [{num_seqs_hint}, Hq, {head_dim}], got {tuple(query.shape)}")
     if query.shape[1] % num_kv_heads != 0:
         raise ValueError(f"num_heads {query.shape[1]} is not a multiple of num_kv_heads {num_kv_heads}")
-    if query.dtype != key_cache.dtype:
+    if key_cache.dtype == FP8_DTYPE:
+        if query.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"query dtype {query.dtype} is not one of {FLOAT_DTYPES} (fp8 cache)")
+    elif query.dtype != key_cache.dtype:
         raise ValueError(f"query dtype {query.dtype} != cache dtype {key_cache.dtype}")
     if query.stride(-1) != 1:
         raise ValueError("query head_dim axis must be contiguous")
@@ -74,3 +79,10 @@ def interpreting() -> bool:
     import os
 
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def check_kv_scales(k_scale: float, v_scale: float) -> None:
+    """The per-tensor scales of an fp8 cache: Python numbers, finite and > 0 (a tensor would sync)."""
+    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")):
+            raise ValueError(f"{name} must be a finite Python float > 0, got {value!r}")

@@ -9,6 +9,13 @@ CUDA graphs: the grid is (num_seqs, num_kv_heads, num_splits), all Python ints; 
 its sequence length in-kernel and takes its own share of the context (the context is cut into
 ``num_splits`` near-equal runs of TILE_N-token tiles), so one captured launch is valid for any
 context lengths. Nothing here syncs with the host.
+
+fp8 KV cache (float8_e4m3fn, attention/fp8_kv.py): each K and V tile is converted to the query dtype
+as it is loaded, and the math is then the one above. The scales are applied outside the tiles: the
+K scale is folded into the softmax scale (``q . (k_fp8 * k_scale) = (q . k_fp8) * k_scale``), and the
+V scale multiplies the accumulated output once (``sum p (v_fp8 * v_scale) = v_scale * sum p v_fp8``),
+before the division by the softmax sum (or before a split's partial is stored: the merge is linear
+in it). Nothing per element is added to the inner loop beyond the conversion.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import triton
 import triton.language as tl
 
 from aioinfer.attention.triton_ops._checks import (
-    check_paged_query, interpreting, next_pow2,
+    FP8_DTYPE, check_kv_scales, check_paged_query, interpreting, next_pow2,
 )
 
 LOG2E = 1.4426950408889634
@@ -42,13 +49,15 @@ def _decode_kernel(
     part_ml_ptr,  # [S, Hq, num_splits, 2] fp32: running max (log2 domain) and sum
     block_tables_ptr,  # [S, max_blocks] int32
     seq_lens_ptr,  # [S] int32
-    scale_log2,  # softmax scale * log2(e)
+    scale_log2,  # softmax scale * log2(e) (* k_scale for an fp8 cache)
+    v_scale,  # fp8 cache: the V scale, applied to the accumulated output (used when KV_FP8)
     num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch,
     stride_bt,
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    KV_FP8: tl.constexpr,  # the cache holds fp8: tiles are converted to the query dtype on load
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -78,6 +87,8 @@ def _decode_kernel(
         blk = tl.load(bt_row + tok // BLOCK_SIZE, mask=tmask, other=0).to(tl.int64)
         kv_off = blk * stride_cb + (tok % BLOCK_SIZE) * stride_cs + kvh * stride_ch  # [TILE_N]
         k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=tmask[:, None], other=0.0)  # [N, D]
+        if KV_FP8:
+            k = k.to(q_ptr.dtype.element_ty)
         if UPCAST:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [G_PAD, N]
@@ -87,6 +98,8 @@ def _decode_kernel(
         alpha = tl.math.exp2(m - m_new)
         l = l * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=tmask[:, None], other=0.0)
+        if KV_FP8:
+            v = v.to(q_ptr.dtype.element_ty)
         p = p.to(v.dtype)  # probabilities rounded to the KV dtype, as the tensor cores take them
         if UPCAST:
             v = v.to(tl.float32)
@@ -94,6 +107,8 @@ def _decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
         m = m_new
 
+    if KV_FP8:
+        acc = acc * v_scale
     if SPLIT:
         # Partial rows are [S, Hq, num_splits, D]; head-major so the merge reads one contiguous run.
         row = (seq64 * (G * tl.num_programs(1)) + head) * num_splits + split  # [G_PAD]
@@ -179,9 +194,14 @@ def paged_decode(
     num_splits: Optional[int] = None,  # fix it (e.g. per CUDA-graph bucket); None = heuristic
     out: Optional[torch.Tensor] = None,  # [S, Hq, D], query dtype
     config: Optional[dict] = None,  # TILE_N / num_warps / num_stages override (benchmarks)
+    k_scale: float = 1.0,  # fp8 cache: key = stored * k_scale (ignored for another cache dtype)
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Attention of each sequence's single query over its paged context. Returns [S, Hq, D]."""
     block_size, num_kv_heads, head_dim = check_paged_query(query, key_cache, value_cache, block_tables, seq_lens, "S")
+    kv_fp8 = key_cache.dtype == FP8_DTYPE
+    if kv_fp8:
+        check_kv_scales(k_scale, v_scale)
     num_seqs, num_heads, _ = query.shape
     if not (block_tables.shape[0] >= num_seqs and seq_lens.shape[0] >= num_seqs):
         raise ValueError("block_tables/seq_lens have fewer rows than query")
@@ -199,13 +219,13 @@ def paged_decode(
     split = num_splits > 1
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key_cache, value_cache, out, part_acc, part_ml, block_tables, seq_lens,
-        scale * LOG2E, num_splits,
+        scale * (k_scale if kv_fp8 else 1.0) * LOG2E, float(v_scale) if kv_fp8 else 1.0, num_splits,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0),
         G=group, G_PAD=max(16, next_pow2(group)), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         TILE_N=cfg["TILE_N"], SPLIT=split, PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        UPCAST=query.dtype == torch.bfloat16 and _INTERPRET,
+        UPCAST=query.dtype == torch.bfloat16 and _INTERPRET, KV_FP8=kv_fp8,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if split:
@@ -235,9 +255,12 @@ def merge_splits(out: torch.Tensor, part_acc: torch.Tensor, part_ml: torch.Tenso
     )
 
 
-def paged_decode_reference(query, key_cache, value_cache, block_tables, seq_lens, scale) -> torch.Tensor:
-    """Pure-torch reference of :func:`paged_decode` (gathers per sequence; syncs; tests only)."""
+def paged_decode_reference(query, key_cache, value_cache, block_tables, seq_lens, scale, k_scale: float = 1.0,
+                           v_scale: float = 1.0) -> torch.Tensor:
+    """Pure-torch reference of :func:`paged_decode` (gathers per sequence; syncs; tests only); an fp8
+    cache is dequantized to float32 first."""
     from aioinfer.attention.dense import dense_causal_attention
+    from aioinfer.attention.fp8_kv import dequantize, raw_bytes
 
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
     out = torch.empty_like(query)
@@ -246,7 +269,8 @@ def paged_decode_reference(query, key_cache, value_cache, block_tables, seq_lens
             out[i] = 0
             continue
         blocks = block_tables[i, : -(-n // block_size)].long()
-        k = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:n]
-        v = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:n]
+        k = raw_bytes(key_cache)[blocks].view(key_cache.dtype).reshape(-1, num_kv_heads, head_dim)[:n]
+        v = raw_bytes(value_cache)[blocks].view(value_cache.dtype).reshape(-1, num_kv_heads, head_dim)[:n]
+        k, v = dequantize(k, k_scale), dequantize(v, v_scale)  # float32 (fp8: times the scale)
         out[i : i + 1] = dense_causal_attention(query[i : i + 1], k, v, scale)
     return out

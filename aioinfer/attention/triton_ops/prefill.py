@@ -15,6 +15,11 @@ makes only a dozen programs, each walking the whole context alone, on a GPU of 1
 split the context as the decode kernel does ("flash-decoding"): a third grid axis of ``num_splits``
 programs each take a near-equal run of key tiles and write unnormalised partials that the decode
 kernel's merge combines. The split count is a Python int chosen from the step's host metadata.
+
+fp8 KV cache (float8_e4m3fn): as in the decode kernel (decode.py says why it is exact), K and V
+tiles are converted to the query dtype on load, the K scale is folded into the softmax scale and
+the V scale multiplies each program's accumulated output once, before normalising or storing a
+split's partial.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import triton
 import triton.language as tl
 
 from aioinfer.attention.triton_ops._checks import (
-    check_int_vector, check_paged_query, interpreting, next_pow2,
+    FP8_DTYPE, check_int_vector, check_kv_scales, check_paged_query, interpreting, next_pow2,
 )
 from aioinfer.attention.triton_ops.decode import choose_num_splits, merge_splits, split_partials
 
@@ -51,8 +56,10 @@ def _find_seq(qsl_ptr, pid, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _attend_tile(q, m, l, acc, q_pos, tok0, kv_end, bt_row, k_cache_ptr, v_cache_ptr, kvh, scale_log2,
                  stride_cb, stride_cs, stride_ch, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                 TILE_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr):
-    """One online-softmax step over keys tok0 .. tok0+TILE_N-1; MASKED applies causality and kv_end."""
+                 TILE_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr,
+                 KV_FP8: tl.constexpr):
+    """One online-softmax step over keys tok0 .. tok0+TILE_N-1; MASKED applies causality and kv_end;
+    KV_FP8 converts the fp8 tiles to q's dtype (their scales are applied by the caller)."""
     tok = tok0 + tl.arange(0, TILE_N)
     d = tl.arange(0, HEAD_DIM)
     if MASKED:
@@ -65,6 +72,8 @@ def _attend_tile(q, m, l, acc, q_pos, tok0, kv_end, bt_row, k_cache_ptr, v_cache
         k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=tmask[:, None], other=0.0)
     else:
         k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :])
+    if KV_FP8:
+        k = k.to(q.dtype)
     if UPCAST:
         k = k.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [M, N]
@@ -81,6 +90,8 @@ def _attend_tile(q, m, l, acc, q_pos, tok0, kv_end, bt_row, k_cache_ptr, v_cache
         v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=tmask[:, None], other=0.0)
     else:
         v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :])
+    if KV_FP8:
+        v = v.to(q.dtype)
     p = p.to(v.dtype)  # probabilities rounded to the KV dtype, as the tensor cores take them
     if UPCAST:
         v = v.to(tl.float32)
@@ -101,7 +112,8 @@ def _prefill_kernel(
     block_tables_ptr,  # [S, max_blocks] int32
     seq_lens_ptr,  # [S] int32
     qsl_ptr,  # [S + 1] int32
-    scale_log2,
+    scale_log2,  # softmax scale * log2(e) (* k_scale for an fp8 cache)
+    v_scale,  # fp8 cache: the V scale, applied to the accumulated output (used when KV_FP8)
     num_seqs,
     num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -109,7 +121,7 @@ def _prefill_kernel(
     stride_bt,
     G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // G_PAD
     pid = tl.program_id(0)
@@ -154,12 +166,14 @@ def _prefill_kernel(
     for t in range(tile_lo, tl.minimum(num_full, tile_hi)):
         m, l, acc = _attend_tile(q, m, l, acc, q_pos, t * TILE_N, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
                                  kvh, scale_log2, stride_cb, stride_cs, stride_ch, HEAD_DIM, BLOCK_SIZE, TILE_N,
-                                 PRECISION, UPCAST, False)
+                                 PRECISION, UPCAST, False, KV_FP8)
     for t in range(tl.maximum(num_full, tile_lo), tile_hi):
         m, l, acc = _attend_tile(q, m, l, acc, q_pos, t * TILE_N, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
                                  kvh, scale_log2, stride_cb, stride_cs, stride_ch, HEAD_DIM, BLOCK_SIZE, TILE_N,
-                                 PRECISION, UPCAST, True)
+                                 PRECISION, UPCAST, True, KV_FP8)
 
+    if KV_FP8:
+        acc = acc * v_scale
     if SPLIT:
         # The decode kernel's partial layout with tokens for sequences: [T, Hq, num_splits, ...]. An
         # empty split (past kv_end) stores m = -inf, l = 0, which the merge weighs as nothing.
@@ -212,9 +226,14 @@ def paged_prefill(
     config: Optional[dict] = None,  # BLOCK_M / TILE_N / num_warps / num_stages override (benchmarks)
     max_seq_len: Optional[int] = None,  # host bound on seq_lens; lets a small grid split the context
     num_splits: Optional[int] = None,  # fix it; None = heuristic from max_seq_len (1 without it)
+    k_scale: float = 1.0,  # fp8 cache: key = stored * k_scale (ignored for another cache dtype)
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of ragged query chunks over their paged contexts. Returns [T, Hq, D]."""
     block_size, num_kv_heads, head_dim = check_paged_query(query, key_cache, value_cache, block_tables, seq_lens, "T")
+    kv_fp8 = key_cache.dtype == FP8_DTYPE
+    if kv_fp8:
+        check_kv_scales(k_scale, v_scale)
     num_tokens, num_heads, _ = query.shape
     check_int_vector(query_start_loc, "query_start_loc", torch.int32, query.device)
     if not (block_tables.shape[0] >= num_seqs and seq_lens.shape[0] >= num_seqs and query_start_loc.shape[0] >= num_seqs + 1):
@@ -237,13 +256,13 @@ def paged_prefill(
     split = num_splits > 1
     _prefill_kernel[(programs_per_kv_head, num_kv_heads, num_splits)](
         query, key_cache, value_cache, out, part_acc, part_ml, block_tables, seq_lens, query_start_loc,
-        scale * LOG2E, num_seqs, num_splits,
+        scale * (k_scale if kv_fp8 else 1.0) * LOG2E, float(v_scale) if kv_fp8 else 1.0, num_seqs, num_splits,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0),
         G=group, G_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=cfg["BLOCK_M"], TILE_N=cfg["TILE_N"], PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        UPCAST=query.dtype == torch.bfloat16 and _INTERPRET, SPLIT=split,
+        UPCAST=query.dtype == torch.bfloat16 and _INTERPRET, SPLIT=split, KV_FP8=kv_fp8,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if split:
@@ -251,9 +270,12 @@ def paged_prefill(
     return out
 
 
-def paged_prefill_reference(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, num_seqs, scale):
-    """Pure-torch reference of :func:`paged_prefill` (gathers per sequence; syncs; tests only)."""
+def paged_prefill_reference(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, num_seqs, scale,
+                            k_scale: float = 1.0, v_scale: float = 1.0):
+    """Pure-torch reference of :func:`paged_prefill` (gathers per sequence; syncs; tests only); an fp8
+    cache is dequantized to float32 first."""
     from aioinfer.attention.dense import dense_causal_attention
+    from aioinfer.attention.fp8_kv import dequantize, raw_bytes
 
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
     out = torch.empty_like(query)
@@ -263,7 +285,8 @@ def paged_prefill_reference(query, key_cache, value_cache, block_tables, seq_len
         if e == s:
             continue
         blocks = block_tables[i, : -(-n // block_size)].long()
-        k = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:n]
-        v = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:n]
+        k = raw_bytes(key_cache)[blocks].view(key_cache.dtype).reshape(-1, num_kv_heads, head_dim)[:n]
+        v = raw_bytes(value_cache)[blocks].view(value_cache.dtype).reshape(-1, num_kv_heads, head_dim)[:n]
+        k, v = dequantize(k, k_scale), dequantize(v, v_scale)  # float32 (fp8: times the scale)
         out[s:e] = dense_causal_attention(query[s:e], k, v, scale)
     return out

@@ -159,6 +159,9 @@ def create_app(config: Optional[ServerConfig] = None, engine_factory=None) -> Qu
         if engine is not None and engine.is_ready:
             for card in cards:
                 card["max_model_len"] = engine.max_model_len
+                # the formats the model is served in (not in vLLM's cards; extra keys clients ignore)
+                card["quantization"] = engine.quantization
+                card["kv_cache_dtype"] = engine.config.cache.kv_cache_dtype
         return json_response({"object": "list", "data": cards})
 
     @app.post("/tokenize")

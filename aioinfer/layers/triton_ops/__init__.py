@@ -1,5 +1,5 @@
-"""Fused Triton kernels for the per-layer elementwise work (RMSNorm with residual add, rotary, SiLU-and-mul)
-and the batch-1 linear layers.
+"""Fused Triton kernels for the per-layer elementwise work (RMSNorm with residual add, rotary, SiLU-and-mul),
+the batch-1 linear layers and FP8 activation quantization.
 
 Importing this package does NOT import triton: the kernel modules (``rms_norm``, ``rotary``, ...) do,
 and the layers reach them only through :func:`fused_ops`, only for CUDA tensors. CPU paths never
@@ -25,6 +25,7 @@ def fused_ops() -> Optional[SimpleNamespace]:
     if os.environ.get(DISABLE_ENV, "0").lower() in ("1", "true", "on", "yes"):
         return None
     try:
+        from aioinfer.layers.triton_ops.fp8_quant import quantize_fp8_rows
         from aioinfer.layers.triton_ops.rms_norm import fused_add_rms_norm, rms_norm
         from aioinfer.layers.triton_ops.rotary import apply_rotary_inplace
         from aioinfer.layers.triton_ops.silu_and_mul import silu_and_mul
@@ -33,5 +34,5 @@ def fused_ops() -> Optional[SimpleNamespace]:
         return None
     return SimpleNamespace(
         rms_norm=rms_norm, fused_add_rms_norm=fused_add_rms_norm, apply_rotary_inplace=apply_rotary_inplace,
-        silu_and_mul=silu_and_mul, small_batch_linear=small_batch_linear,
+        silu_and_mul=silu_and_mul, small_batch_linear=small_batch_linear, quantize_fp8_rows=quantize_fp8_rows,
     )

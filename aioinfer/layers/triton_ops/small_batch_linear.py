@@ -16,6 +16,10 @@ against 142 for separate kernels (same sweep).
 
 Numerics: float32 accumulation over K in another order than cuBLAS, the bias added in float32, one
 rounding to the output dtype; tests/layers/test_small_batch_linear.py states the tolerance.
+
+FP8 weights (e4m3 with a float32 scale per output row, layers/quantization/fp8_linear.py): the same
+kernel reads half the bytes, widens each weight exactly, and scales the row's float32 sum once
+before the bias; the activations stay 16-bit (weight-only: no activation quantization at decode).
 """
 
 from __future__ import annotations
@@ -33,10 +37,10 @@ MAX_ROWS = 8  # rows the kernel takes; the layers use it only where it was measu
 
 @triton.jit
 def _small_batch_linear_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr,
+    x_ptr, w_ptr, b_ptr, s_ptr, out_ptr,
     M, N, K, stride_x, stride_w, stride_o,
-    HAS_BIAS: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_DOT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = tl.arange(0, M_PAD)
@@ -53,9 +57,11 @@ def _small_batch_linear_kernel(
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=row_mask[:, None] & col_mask[None, :],
                     other=0.0)
         if USE_DOT:  # tensor cores; M_PAD >= 16 rows (the padding rows are zeros)
-            acc += tl.dot(x, tl.trans(w), input_precision="ieee" if x.dtype == tl.float32 else "tf32")
+            acc += tl.dot(x, tl.trans(w.to(x.dtype)), input_precision="ieee" if x.dtype == tl.float32 else "tf32")
         else:  # CUDA cores: a broadcast product (1 row; more rows spill registers)
             acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    if HAS_SCALE:
+        acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     out_mask = row_mask[:, None] & n_mask[None, :]
@@ -72,12 +78,21 @@ def default_config(m: int, n: int, k: int) -> tuple[int, int, int, bool]:
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
-                       config: Optional[tuple] = None) -> torch.Tensor:
+                       weight_scale: Optional[torch.Tensor] = None, config: Optional[tuple] = None) -> torch.Tensor:
     """``x @ weight^T + bias`` for x [M <= MAX_ROWS, K] (rows may be strided); weight [N, K] with
     contiguous rows, bias [N] or None, all one dtype. Returns a new [M, N] tensor. ``config``:
-    (BLOCK_N, BLOCK_K, num_warps[, use_dot]), for benchmarks; None = :func:`default_config`."""
+    (BLOCK_N, BLOCK_K, num_warps[, use_dot]), for benchmarks; None = :func:`default_config`.
+    ``weight_scale`` [N] float32: the weight is e4m3 and row n means ``weight[n] * weight_scale[n]``."""
     check_float(x, "x", x.dtype, x.device)
-    check_float(weight, "weight", x.dtype, x.device)
+    if weight_scale is None:
+        check_float(weight, "weight", x.dtype, x.device)
+    else:
+        if weight.dtype != torch.float8_e4m3fn or weight.device != x.device or weight.stride(-1) != 1:
+            raise ValueError(f"a scaled weight must be contiguous float8_e4m3fn on {x.device}, got {weight.dtype}")
+        if (weight_scale.dtype != torch.float32 or weight_scale.shape != (weight.shape[0],)
+                or not weight_scale.is_contiguous()):
+            raise ValueError(f"weight_scale must be float32 [{weight.shape[0]}], got {weight_scale.dtype} "
+                             f"{tuple(weight_scale.shape)}")
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x must be [M, K] and weight [N, K], got {tuple(x.shape)}, {tuple(weight.shape)}")
     m = x.shape[0]
@@ -94,9 +109,9 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     block_n, block_k, num_warps, use_dot = (*(config or default_config(m, n, k)), False)[:4]
     m_pad = max(16, next_pow2(m)) if use_dot else next_pow2(m)
     _small_batch_linear_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, out,
+        x, weight, bias if bias is not None else weight, weight_scale if weight_scale is not None else weight, out,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, M_PAD=m_pad, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot,
+        HAS_BIAS=bias is not None, HAS_SCALE=weight_scale is not None, M_PAD=m_pad, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot,
         num_warps=num_warps,
     )
     return out

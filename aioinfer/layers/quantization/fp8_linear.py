@@ -1,0 +1,197 @@
+"""FP8 weights in the decoder's linear layers: their parameters, their loading, their product.
+
+Why here and not in layers/linear.py: the plain layers stay plain. A quantized model is built like
+any other (on the meta device), then :func:`quantize_linears` gives each chosen layer an
+:class:`Fp8Linear` (``layer.quant``), which swaps its weight for a float8_e4m3fn one and adds the
+scales, before the parameters are materialised. The layer then routes its product and its
+checkpoint loading through ``layer.quant``; sharding (which rows or columns of a checkpoint tensor
+this rank keeps, where a fused projection's piece goes) stays the layer's own.
+
+Tensors (names as the checkpoints store them):
+- ``weight`` [N, K] e4m3;
+- ``weight_scale`` [N] float32 (per output row; a per-tensor checkpoint scale is spread over its
+  rows, so that fused q/k/v or gate/up pieces with scales of their own stay exact); for online
+  quantization a buffer, computed as each weight loads;
+- for block-wise weights a scale per block, [cdiv(N, bn), cdiv(K, bk)] float32: HF names it
+  ``weight_scale_inv``, compressed-tensors ``weight_scale``;
+- ``input_scale`` [] float32 for static activations (the largest of a fused layer's pieces).
+
+Products: on CUDA, a few rows (decode at batch <= 8) read the FP8 weights in the small-batch Triton
+kernel (weight-only: the activations stay 16-bit, nothing to quantize); more rows quantize the
+activations per token (or with the static scale) and run ``torch._scaled_mm`` with row-wise scales.
+Block-wise weights run ``torch.nn.functional.scaled_mm`` with 1 x 128 / 128 x 128 block scales on
+CUDA. On the CPU the same ``torch._scaled_mm`` runs the row-wise products, and block-wise weights are
+dequantized for each product (a test path).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aioinfer.layers.linear import Linear, MergedLinear
+from aioinfer.layers.quantization.config import QuantConfig, QuantizationError
+from aioinfer.layers.quantization.fp8 import (FP8, dequantize_blocks, quantize_blocks, quantize_rows,
+                                              quantize_tensor, scaled_mm_rows)
+from aioinfer.layers.triton_ops import fused_ops
+
+# Rows up to which a CUDA product reads the FP8 weights in the small-batch kernel (weight-only).
+SMALL_BATCH_ROWS = 8
+
+
+def quantize_linears(model: nn.Module, config: QuantConfig, device: torch.device) -> int:
+    """Give every decoder linear layer of ``model`` (still on the meta device) that ``config``
+    quantizes its FP8 parameters. Returns how many layers were quantized."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 9):
+            raise QuantizationError(f"FP8 weights need a GPU with FP8 matrix units (compute capability 8.9+: "
+                                    f"Ada, Hopper, Blackwell); {torch.cuda.get_device_name(device)} is {major}.{minor}")
+    count = 0
+    for name, module in model.named_modules():
+        if isinstance(module, Linear) and config.quantizes(name):
+            module.quant = Fp8Linear(module, config, name)
+            count += 1
+    return count
+
+
+class Fp8Linear:
+    """The FP8 side of one linear layer (``layer.quant``); holds no tensors itself."""
+
+    def __init__(self, layer: Linear, config: QuantConfig, name: str) -> None:
+        self.config = config
+        self.block = config.block
+        self.static = config.activations == "static"
+        self.block_scale = "weight_scale_inv" if config.source == "fp8" else "weight_scale"
+        n, k = layer.out_features, layer.in_features
+        if k % 16 or n % 16:
+            raise QuantizationError(f"{name}: FP8 GEMMs need both sizes to be multiples of 16, got {n} x {k}")
+        if self.block is not None:
+            bn, bk = self.block
+            for sizes, unit, what in ((_row_pieces(layer), bn, "output rows"), ((k,), bk, "input columns")):
+                if any(size % unit for size in sizes):
+                    raise QuantizationError(f"{name}: block-wise FP8 needs this rank's {what} {sizes} in whole "
+                                            f"blocks of {unit}")
+        weight = layer.weight
+        layer.weight = nn.Parameter(torch.empty(n, k, dtype=FP8, device=weight.device), requires_grad=False)
+        if self.block is not None:
+            bn, bk = self.block
+            scale = torch.empty(-(-n // bn), -(-k // bk), dtype=torch.float32, device=weight.device)
+            setattr(layer, self.block_scale, nn.Parameter(scale, requires_grad=False))
+        elif config.checkpoint_scales:
+            layer.weight_scale = nn.Parameter(torch.empty(n, dtype=torch.float32, device=weight.device),
+                                              requires_grad=False)
+        else:
+            layer.register_buffer("weight_scale", torch.empty(n, dtype=torch.float32, device=weight.device))
+        if self.static:
+            layer.input_scale = nn.Parameter(torch.empty((), dtype=torch.float32, device=weight.device),
+                                             requires_grad=False)
+        self._input_scales: list[float] = []
+
+    # ------------------------------------------------------------------ loading
+
+    def load(self, layer: Linear, param: torch.Tensor, loaded: torch.Tensor, shard_id) -> bool:
+        """Copy one checkpoint tensor into ``param``; False when ``param`` is not an FP8 one (the bias)."""
+        if param is layer.weight:
+            part = layer.rank_part(loaded, shard_id)
+            start, size = layer.rows(shard_id)
+            if loaded.dtype == FP8:
+                _copy(param, start, size, part)
+            elif self.block is not None:  # a float tensor: quantize it now (online, or dummy weights)
+                q, scale = quantize_blocks(part, self.block)
+                _copy(param, start, size, q)
+                _copy(getattr(layer, self.block_scale), start // self.block[0], scale.shape[0], scale)
+            else:
+                q, scale = quantize_rows(part)
+                _copy(param, start, size, q)
+                _copy(layer.weight_scale, start, size, scale.reshape(-1))
+            return True
+        if self.block is not None and param is getattr(layer, self.block_scale):
+            bn, bk = self.block
+            start, size = layer.rows(shard_id)
+            _copy(param, start // bn, size // bn, layer.rank_part(loaded, shard_id, unit=(bn, bk)))
+            return True
+        if param is getattr(layer, "weight_scale", None):
+            start, size = layer.rows(shard_id)
+            if loaded.numel() == 1:  # per tensor: one scale for all of this piece's rows
+                _copy(param, start, size, loaded.reshape(1).expand(size))
+            else:
+                _copy(param, start, size, layer.rank_part(loaded.reshape(-1), shard_id))
+            return True
+        if param is getattr(layer, "input_scale", None):
+            self._input_scales.append(float(loaded.reshape(())))
+            param.fill_(max(self._input_scales))
+            return True
+        return False
+
+    # ------------------------------------------------------------------ the product
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """``x @ W^T + bias`` for x [T, K] in the activation dtype; returns [T, N] in that dtype."""
+        if self.block is not None:
+            return self._apply_block(layer, x, bias)
+        if x.is_cuda and x.shape[0] <= SMALL_BATCH_ROWS:
+            ops = fused_ops()
+            if ops is not None:
+                return ops.small_batch_linear(x, layer.weight, bias, weight_scale=layer.weight_scale)
+        if self.static and self._input_scales:  # (dummy weights bring no input scale: dynamic then)
+            xq, xs = quantize_tensor(x, layer.input_scale)
+            xs = xs.expand(x.shape[0], 1).contiguous()
+        else:
+            xq, xs = _quantize_tokens(x)
+        out_dtype = torch.bfloat16 if x.is_cuda else x.dtype  # CUDA's row-wise scaled GEMM writes bf16
+        out = scaled_mm_rows(xq, xs, layer.weight, layer.weight_scale, bias, out_dtype)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
+
+    def _apply_block(self, layer: Linear, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        scale = getattr(layer, self.block_scale)
+        if not x.is_cuda:
+            w = dequantize_blocks(layer.weight, scale, self.block, x.dtype)  # type: ignore[arg-type]
+            return F.linear(x, w, bias)
+        bk = self.block[1]  # type: ignore[index]
+        xq, xs = _quantize_groups(x, bk)
+        out = F.scaled_mm(xq, layer.weight.t(), xs, F.ScalingType.BlockWise1x128, scale,
+                          F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
+        if bias is not None:
+            out += bias
+        return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+def _row_pieces(layer: Linear) -> tuple[int, ...]:
+    return tuple(layer.output_sizes) if isinstance(layer, MergedLinear) else (layer.out_features,)
+
+
+def _copy(param: torch.Tensor, start: int, size: int, value: torch.Tensor) -> None:
+    target = param.data.narrow(0, start, size)
+    if target.shape != value.shape:
+        raise ValueError(f"expected {tuple(target.shape)}, got {tuple(value.shape)}")
+    target.copy_(value)
+
+
+def _quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token dynamic quantization: one Triton kernel on CUDA, torch elsewhere."""
+    if x.is_cuda:
+        ops = fused_ops()
+        if ops is not None:
+            return ops.quantize_fp8_rows(x)
+    return quantize_rows(x)
+
+
+def _quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (token, ``group`` columns) quantization for block-wise weights: (x_fp8 [M, K], scales
+    [M, K / group]) with the scales column-major, as the block-scaled GEMM takes them."""
+    m, k = x.shape
+    xq, scale = quantize_rows(x.reshape(m * (k // group), group))
+    return xq.reshape(m, k), scale.reshape(m, k // group).t().contiguous().t()
+
+
+
+def quantization_method(model: nn.Module) -> Optional[str]:
+    """vLLM's name of ``model``'s weight format: "fp8" (online or HF's), "compressed-tensors", or None."""
+    for module in model.modules():
+        if isinstance(module, Linear) and module.quant is not None:
+            return "compressed-tensors" if module.quant.config.source == "compressed-tensors" else "fp8"
+    return None

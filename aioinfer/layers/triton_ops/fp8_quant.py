@@ -1,0 +1,57 @@
+"""Per-token FP8 quantization of activations as one Triton kernel.
+
+Why: an FP8 GEMM takes its activations in e4m3 with a scale per token, computed at run time. In
+torch that is abs, amax, a division, clamp and the cast: five kernels and two intermediates per
+linear layer; here one program per row reads it twice (its amax, then the scaled cast) and writes
+the e4m3 row and its scale.
+
+Numerics are those of aioinfer.layers.quantization.fp8.quantize_rows (the reference):
+scale = max(amax / 448, 1e-12) in float32, q = cast_e4m3(clamp(x / scale, -448, 448)); the
+division is IEEE, so the two agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from aioinfer.layers.triton_ops._checks import check_float
+
+# Triton kernels read module globals only as constexprs.
+FP8_MAX = tl.constexpr(448.0)  # e4m3fn's largest finite value
+MIN_SCALE = tl.constexpr(1e-12)  # as quantize_rows: an all-zero row gets this scale, not 0
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, K, stride_x, stride_q, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        cols = k0 + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(tl.max(amax, 0) / FP8_MAX, MIN_SCALE)
+    tl.store(scale_ptr + row, scale)
+    for k0 in range(0, K, BLOCK):
+        cols = k0 + tl.arange(0, BLOCK)
+        mask = cols < K
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
+        tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (16- or 32-bit, last dim contiguous) -> (e4m3 [M, K], float32 scales [M, 1])."""
+    check_float(x, "x", x.dtype, x.device)
+    if x.dim() != 2:
+        raise ValueError(f"x must be [M, K], got {tuple(x.shape)}")
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    if m == 0 or k == 0:
+        return q, scale
+    block = min(4096, triton.next_power_of_2(k))
+    _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0), BLOCK=block,
+                                num_warps=8 if block >= 2048 else 4)
+    return q, scale

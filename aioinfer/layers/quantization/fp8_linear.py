@@ -151,10 +151,16 @@ class Fp8Linear:
         if not x.is_cuda:
             w = dequantize_blocks(layer.weight, scale, self.block, x.dtype)  # type: ignore[arg-type]
             return F.linear(x, w, bias)
-        bk = self.block[1]  # type: ignore[index]
-        xq, xs = _quantize_groups(x, bk)
-        out = F.scaled_mm(xq, layer.weight.t(), xs, F.ScalingType.BlockWise1x128, scale,
-                          F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
+        # cuBLASLt's block-scaled GEMM (sm_90) reads the activation scales column-major with the
+        # token count a multiple of 4, and the weight scales as [K blocks, N blocks] with the K
+        # blocks a multiple of 4: pad both (zero rows give zero outputs, cut off below).
+        rows = x.shape[0]
+        padded = F.pad(x, (0, 0, 0, -rows % 4)) if rows % 4 else x
+        xq, xs = _quantize_groups(padded, self.block[1])  # type: ignore[index]
+        if scale.shape[1] % 4:
+            scale = F.pad(scale, (0, -scale.shape[1] % 4))
+        out = F.scaled_mm(xq, layer.weight.t(), xs, F.ScalingType.BlockWise1x128, scale.t(),
+                          F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)[:rows]
         if bias is not None:
             out += bias
         return out if out.dtype == x.dtype else out.to(x.dtype)

@@ -32,7 +32,7 @@ from aioinfer.layers.quantization.fp8_linear import Fp8Linear  # noqa: E402
 from aioinfer.layers.triton_ops.fp8_quant import quantize_fp8_rows  # noqa: E402
 
 DEV = "cuda"
-SHAPES = [(3584, 4608), (3584, 37888), (18944, 3584), (896, 1152)]  # 7b qkv, 7b gate_up, 7b down, 0.5b qkv
+SHAPES = [(4608, 3584), (37888, 3584), (3584, 18944), (1152, 896)]  # (N, K): 7b qkv, 7b gate_up, 7b down, 0.5b qkv
 
 
 def _close(got: torch.Tensor, ref: torch.Tensor, rel: float = 1e-2) -> None:

@@ -15,7 +15,7 @@ import random
 import subprocess
 import sys
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -34,6 +34,8 @@ class ModelShape:
     vocab: int
     tied: bool
     max_position: int = 32768
+    linear_bytes: int = 2  # bytes per parameter of the decoder layers' matrices (1 with FP8 weights)
+    kv_bytes: int = 2  # bytes per KV element (1 with an FP8 KV cache)
 
     @property
     def layer_params(self) -> int:
@@ -59,13 +61,14 @@ class ModelShape:
 
     @property
     def decode_weight_bytes(self) -> int:
-        """bf16 bytes a decode step must read: every matrix, the lm_head in full; an untied input
-        embedding only contributes the gathered rows, which are negligible and left out."""
-        return 2 * (self.layers * self.layer_params + self.embedding_params + self.hidden)
+        """Bytes a decode step must read: every matrix (``linear_bytes`` each), the lm_head in full
+        (bf16: FP8 formats leave it unquantized); an untied input embedding only contributes the
+        gathered rows, which are negligible and left out."""
+        return self.linear_bytes * self.layers * self.layer_params + 2 * (self.embedding_params + self.hidden)
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * 2  # K and V, bf16
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes  # K and V
 
     def hf_config(self) -> dict[str, Any]:
         return {
@@ -335,6 +338,15 @@ def add_engine_options(parser: Any) -> None:
                         help="extra LLM(...) option for aioinfer (repeatable)")
     parser.add_argument("--quantization", default=None, help="both engines: weights' format (fp8)")
     parser.add_argument("--kv-cache-dtype", default=None, help="both engines: the KV cache's type (fp8)")
+
+
+def with_formats(shape: ModelShape, args: Any) -> ModelShape:
+    """The shape as the formats of ``--quantization`` / ``--kv-cache-dtype`` store it, so that the
+    floors count the bytes actually read (FP8: one byte per weight of the decoder's matrices, per
+    KV element). The layers' norms and biases stay in bf16; their bytes are negligible."""
+    options = format_options(args)
+    return replace(shape, linear_bytes=1 if options.get("quantization") == "fp8" else 2,
+                   kv_bytes=1 if str(options.get("kv_cache_dtype", "auto")).startswith("fp8") else 2)
 
 
 def format_options(args: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from benchmarks.common import (default_device, SHAPES, add_engine_options, ceilings, decode_step_floor_s, dump, engine_options,
-                               format_options,
+                               format_options, with_formats,
                                environment, format_table, fresh_cache_salt, make_llm, workload2,
                                write_dummy_model)
 
@@ -54,7 +54,7 @@ def main() -> None:
     import torch
 
     device = default_device(args.device)
-    shape = SHAPES[args.model]
+    shape = with_formats(SHAPES[args.model], args)
     batches = [int(b) for b in args.batches.split(",")]
     tok_max = min(10000, shape.vocab - 1)
     env = environment()

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from benchmarks.common import (default_device, SHAPES, add_engine_options, ceilings, dump, engine_options, environment,
-                               format_argv, format_options, format_table,
+                               format_argv, format_options, with_formats, format_table,
                                output_tokens, run_child, workload1, workload_floor, write_child_result,
                                write_dummy_model)
 
@@ -72,7 +72,7 @@ def main() -> None:
     import torch
 
     device = default_device(args.device)
-    shape = SHAPES[args.model]
+    shape = with_formats(SHAPES[args.model], args)
     tok_max = min(10000, shape.vocab - 1)
     requests = workload1(max_token_id=tok_max)[: args.num_requests]
     n_peer = args.peer_requests or len(requests)

@@ -10,7 +10,9 @@ own rounding is left):
   dequantized(W)^T;
 - block-wise weights (128 x 128, ``F.scaled_mm``) against per-(token, 128 columns) quantized
   activations times the dequantized weights.
-Tolerance: 1 % of the output's scale (bf16 output rounding and fp32 accumulation; use_fast_accum).
+Tolerance: 1 % of the output's scale (bf16 output rounding), 2 % where ``torch._scaled_mm`` sums
+K > 8192 products with ``use_fast_accum`` (Hopper's FP8 tensor cores then keep fewer bits in the
+running sum: 1.07 % was seen at the 7b down matrix, K = 18944, 256 rows, on an H100).
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def test_channel_fp8_linear_matches_its_dequantized_reference(n, k, rows):
     assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
     w = dequantize_rows(layer.weight, layer.weight_scale).double()
     xin = x.double() if rows <= 8 else dequantize_rows(*quantize_rows(x)).double()  # weight-only at <= 8 rows
-    _close(got, xin @ w.T + layer.bias.double())
+    _close(got, xin @ w.T + layer.bias.double(), rel=2e-2 if rows > 8 and k > 8192 else 1e-2)
 
 
 @pytest.mark.parametrize("rows", [1, 16, 200])

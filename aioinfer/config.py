@@ -202,22 +202,80 @@ class SpeculativeConfig:
         """None, a SpeculativeConfig, a dict of vLLM's keys, or that dict as JSON text (the CLI's form)."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            import json
-
-            try:
-                value = json.loads(value)
-            except ValueError as exc:
-                raise ValueError(f"speculative_config must be a JSON object, got {value!r}: {exc}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config must be a dict (or its JSON), got {value!r}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"speculative_config has unknown keys {unknown}; known: {sorted(known)}")
+        value = _section_keys(cls, "speculative_config", value)
         if "num_speculative_tokens" not in value:
             raise ValueError("speculative_config needs num_speculative_tokens")
         return cls(**value)
+
+
+def kv_events_config_json(raw: str) -> dict:
+    """``AIOINFER_KV_EVENTS_CONFIG`` / ``--kv-events-config``: vLLM's JSON object
+    (``{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", ...}``), checked here; ValueError
+    names the key."""
+    import json
+
+    KVEventsConfig.from_value(raw)
+    return json.loads(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class KVEventsConfig:
+    """vLLM's ``kv_events_config`` (its KVEventsConfig, same keys and defaults): publish the prefix cache's
+    block stores and removals over ZeroMQ for KV-aware routers (docs/kv_cache.md, KV-cache events).
+    Events flow only with ``enable_kv_cache_events`` and the "zmq" publisher (vLLM's default once
+    enabled); otherwise nothing is recorded."""
+
+    enable_kv_cache_events: bool = False
+    publisher: Optional[str] = None  # "zmq" or "null" (nothing published); None: "zmq" when enabled
+    endpoint: str = "tcp://*:5557"  # the PUB socket: bound with a "*", "::", ipc:// or inproc://, else connected
+    replay_endpoint: Optional[str] = None  # a ROUTER socket (bound) that resends buffered batches from a seq
+    buffer_steps: int = 10_000  # batches (one per step with events) kept for replay
+    hwm: int = 100_000  # the PUB socket's send high-water mark (messages queued per subscriber)
+    max_queue_size: int = 100_000  # batches waiting for the publisher's thread; beyond it a batch is dropped
+    topic: str = ""  # the first frame of every message (subscribers filter on its prefix)
+    # aioinfer's own key: "map" encodes each event as a msgpack map tagged by "type" (vLLM >= 0.26);
+    # "array", as a positional array led by its type (vLLM <= 0.25), for routers not yet reading maps
+    event_encoding: str = "map"
+
+    def __post_init__(self) -> None:
+        if self.publisher is None:
+            object.__setattr__(self, "publisher", "zmq" if self.enable_kv_cache_events else "null")
+        _check(isinstance(self.enable_kv_cache_events, bool), "kv_events_config.enable_kv_cache_events",
+               self.enable_kv_cache_events, "must be true or false")
+        _check(self.publisher in ("zmq", "null"), "kv_events_config.publisher", self.publisher,
+               "must be 'zmq' or 'null'")
+        for key in ("endpoint", "replay_endpoint"):
+            value = getattr(self, key)
+            _check((value is None and key == "replay_endpoint") or (
+                isinstance(value, str) and value.startswith(("tcp://", "ipc://", "inproc://"))),
+                f"kv_events_config.{key}", value, "must be a ZeroMQ address: tcp://HOST:PORT, ipc://PATH or "
+                "inproc://NAME")
+        for key, least in (("buffer_steps", 0), ("hwm", 0), ("max_queue_size", 1)):
+            value = getattr(self, key)
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= least,
+                   f"kv_events_config.{key}", value, f"must be an integer >= {least}")
+        _check(isinstance(self.topic, str), "kv_events_config.topic", self.topic, "must be a string")
+        _check(self.event_encoding in ("map", "array"), "kv_events_config.event_encoding", self.event_encoding,
+               "must be 'map' (vLLM >= 0.26) or 'array' (vLLM <= 0.25)")
+        if self.publishes:
+            import importlib.util
+
+            missing = [name for name in ("zmq", "msgspec") if importlib.util.find_spec(name) is None]
+            if missing:
+                raise ValueError("kv_events_config: publishing KV-cache events needs pyzmq and msgspec "
+                                 f"({', '.join(missing)} not installed): pip install 'aioinfer[kv-events]'")
+
+    @property
+    def publishes(self) -> bool:
+        """Whether events are recorded and sent (enabled, through the zmq publisher)."""
+        return self.enable_kv_cache_events and self.publisher == "zmq"
+
+    @classmethod
+    def from_value(cls, value: Any) -> Optional["KVEventsConfig"]:
+        """None, a KVEventsConfig, a dict of vLLM's keys, or that dict as JSON text (the CLI's form)."""
+        if value is None or isinstance(value, KVEventsConfig):
+            return value
+        return cls(**_section_keys(cls, "kv_events_config", value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,9 +317,16 @@ class EngineConfig:
                                                "grammar, regex, choices) a request may carry, in bytes")
     structured_outputs_compile_timeout: float = option(10.0, above=0, help="seconds a request waits for its constraint "
                                                        "to compile before a 400")
+    # ``kv_events_config``: publish the prefix cache's block stores and removals over ZeroMQ, vLLM's
+    # format (None: off); a dict or its JSON is taken as KVEventsConfig's
+    kv_events: Optional[KVEventsConfig] = option(
+        None, name="kv_events_config", parse=kv_events_config_json,
+        help="KV-cache events for KV-aware routers, vLLM's JSON: '{\"enable_kv_cache_events\": true, "
+        "\"endpoint\": \"tcp://*:5557\", \"topic\": \"kv-events\"}'")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative", SpeculativeConfig.from_value(self.speculative))
+        object.__setattr__(self, "kv_events", KVEventsConfig.from_value(self.kv_events))
         check_values(self)
         _check(is_valid_device(self.device), "device", self.device, "must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
         # known before anything loads, so a server refuses it before it listens (runner_setup.py checks too)
@@ -304,3 +369,22 @@ def _positive_int(value: object) -> bool:
 def _check(ok: bool, name: str, value: object, message: str) -> None:
     if not ok:
         raise ValueError(f"{name} {message}, got {value!r}")
+
+
+def _section_keys(cls, name: str, value: Any) -> dict:
+    """A JSON-valued option's keys (vLLM's form: a dict, or that dict as JSON text, the CLI's form),
+    checked against the fields of ``cls``; raises ValueError naming the option."""
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"{name} must be a JSON object, got {value!r}: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict (or its JSON), got {value!r}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{name} has unknown keys {unknown}; known: {sorted(known)}")
+    return value

@@ -176,7 +176,7 @@ STACK: list[tuple[str, ...]] = [
     ("aioinfer.executor",),
     ("aioinfer.engine",),
     ("aioinfer.async_engine",),
-    ("aioinfer.data_parallel",),
+    ("aioinfer.data_parallel", "aioinfer.ray"),
     ("aioinfer.entrypoints",),
 ]
 

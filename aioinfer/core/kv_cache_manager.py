@@ -16,6 +16,7 @@ from collections import Counter
 from typing import Optional
 
 from aioinfer.core.block_pool import BlockPool
+from aioinfer.core.kv_events import KVEventRecorder
 from aioinfer.core.prefix_cache import BLOCK_ID, BROKEN, CachedBlock, PrefixCache, chain_hash
 from aioinfer.request import Request
 
@@ -26,10 +27,13 @@ def cdiv(a: int, b: int) -> int:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 model_identity: str = "") -> None:
+                 model_identity: str = "", kv_events: bool = False) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
-        self.prefix_cache = PrefixCache() if enable_prefix_caching else None
+        # KV-cache events (kv_events.py): the prefix cache's stores and removals, for the engine to
+        # publish; None (nothing recorded) unless asked for, and without a prefix cache there are none
+        self.events = KVEventRecorder() if kv_events and enable_prefix_caching else None
+        self.prefix_cache = PrefixCache(self.events) if enable_prefix_caching else None
         self.model_identity = model_identity  # part of every chain's first key
         self._tables: dict[str, list[int]] = {}
         # Per table, the cache entries that stand for its leading full blocks (the request's own
@@ -190,6 +194,16 @@ class KVCacheManager:
         table = self._tables.pop(request_id, None)
         if table:
             self.pool.free(table[::-1])
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's ``reset_prefix_cache``); False, and no change, while any
+        block is in use (a request holds a table), as vLLM's refuses then."""
+        if self.prefix_cache is None:
+            return True
+        if self.pool.num_free_blocks != self.pool.num_usable_blocks:
+            return False
+        self.prefix_cache.clear()
+        return True
 
     # ------------------------------------------------------------------ prefix lookup
 

@@ -21,11 +21,17 @@ on an H200), and as objects they were the part of the tracked heap that grows wi
 the start-up heap frozen, as the server does, each full collection of the H200 benchmark process
 still took about 40 ms, the objects made since start-up, of which the cache entries are the ones
 that accumulate (2026-12-04).
+
+With KV-cache events on (``kv_events_config``), each key registered, each key dropped and a reset are
+recorded for the engine's publisher (kv_events.py); off, ``events`` is None and costs one test per
+registration or eviction of a cached block.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Hashable, Optional, Sequence
+
+from aioinfer.core.kv_events import KVEventRecorder
 
 CachedBlock = tuple  # (block_id, block_hash, token_ids, parent, extra); identity matters: children point at their parent
 BLOCK_ID, BLOCK_HASH, TOKEN_IDS, PARENT, EXTRA = range(5)
@@ -40,9 +46,10 @@ def chain_hash(parent: Optional[int], token_ids: tuple[int, ...], extra: Hashabl
 
 
 class PrefixCache:
-    def __init__(self) -> None:
+    def __init__(self, events: Optional[KVEventRecorder] = None) -> None:
         self._by_hash: dict[int, CachedBlock] = {}
         self._by_block: dict[int, CachedBlock] = {}
+        self.events = events  # records stores, removals and resets for the KV-event publisher; None: off
 
     def __len__(self) -> int:
         return len(self._by_block)
@@ -89,6 +96,8 @@ class PrefixCache:
         entry = (block_id, block_hash, token_ids, parent, extra)
         self._by_hash[block_hash] = entry
         self._by_block[block_id] = entry
+        if self.events is not None:
+            self.events.stored(block_hash, None if parent is None else parent[BLOCK_HASH], token_ids, extra)
         return entry
 
     def entry(self, block_id: int) -> Optional[CachedBlock]:
@@ -99,6 +108,16 @@ class PrefixCache:
         entry = self._by_block.pop(block_id, None)
         if entry is not None:
             del self._by_hash[entry[BLOCK_HASH]]
+            if self.events is not None:
+                self.events.removed(entry[BLOCK_HASH])
+
+    def clear(self) -> None:
+        """Forget every block's KV (``reset_prefix_cache``; the caller checks that no block is in use).
+        Entries still named by a request's chain stop being live, so nothing can build on them."""
+        self._by_hash.clear()
+        self._by_block.clear()
+        if self.events is not None:
+            self.events.cleared()
 
     def check_invariants(self) -> None:
         assert len(self._by_hash) == len(self._by_block), "cache index and block map differ in size"

@@ -55,9 +55,10 @@ class ReplicaEngine(Engine):
         if self.config.parallel.tensor_parallel_size > 1:
             # Its tensor-parallel runner loads the shards (on this replica's device and the GPUs after
             # it) and the tokenizer itself; tokenizer sharing is for whole-model replicas only.
-            return EngineCore(self.config)
+            return EngineCore(self.config, data_parallel_rank=self.index)
         loaded = load_for_engine(self.config, tokenizer_loader=self._shared_tokenizer.load)
-        return EngineCore(self.config, loaded)
+        # the rank: KV-cache events of replica i go out on the endpoint's port + i, tagged with i
+        return EngineCore(self.config, loaded, data_parallel_rank=self.index)
 
 
 class IndexedObserver:

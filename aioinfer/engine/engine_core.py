@@ -24,13 +24,22 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, data_parallel_rank: int = 0) -> None:
         self.config = config
-        self.executor: Executor = create_executor(config, loaded)
+        # KV-cache events (kv_events_config): opened first, so that a taken port fails before the model
+        # loads; None when off, and then the only cost is the prefix cache's None tests
+        self.kv_events_publisher = _kv_events_publisher(config, data_parallel_rank)
+        try:
+            self.executor: Executor = create_executor(config, loaded)
+        except BaseException:
+            if self.kv_events_publisher is not None:
+                self.kv_events_publisher.shutdown()
+            raise
         self.loaded = self.executor.loaded
         self.kv_cache = KVCacheManager(self.executor.num_kv_blocks, config.cache.block_size,
                                        enable_prefix_caching=config.cache.enable_prefix_caching,
-                                       model_identity=config.model.model)
+                                       model_identity=config.model.model,
+                                       kv_events=self.kv_events_publisher is not None)
         # Host blocks for swap preemption (swap_space_gib / bytes per block), sized by the executor;
         # one without swap support has none, and the scheduler then always recomputes.
         num_host_blocks = self.executor.num_host_blocks if config.scheduler.preemption_mode == "swap" else 0
@@ -65,8 +74,12 @@ class EngineCore:
                                             config.structured_outputs_compile_timeout)
 
     def shutdown(self) -> None:
-        """Release what outlives a step: the runner's threads, the tensor-parallel worker processes. Idempotent."""
+        """Release what outlives a step: the runner's threads, the tensor-parallel worker processes, the
+        KV-event publisher's sockets. Idempotent."""
         self.executor.shutdown()
+        if self.kv_events_publisher is not None:
+            self.publish_kv_events()
+            self.kv_events_publisher.shutdown()
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -80,7 +93,25 @@ class EngineCore:
         if self._grammar_requests:
             for request_id in request_ids:
                 self._grammar_requests.pop(request_id, None)
-        return [r.request_id for r in self.scheduler.finish_requests(request_ids, status)]
+        finished = [r.request_id for r in self.scheduler.finish_requests(request_ids, status)]
+        if self.kv_events_publisher is not None:  # their full blocks were cached as they were freed
+            self.publish_kv_events()
+        return finished
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's ``reset_prefix_cache``); False, and no change, while a
+        request holds blocks. Subscribers of KV-cache events hear ``AllBlocksCleared``."""
+        reset = self.kv_cache.reset_prefix_cache()
+        if self.kv_events_publisher is not None:
+            self.publish_kv_events()
+        return reset
+
+    def publish_kv_events(self) -> None:
+        """Hand the KV-cache events recorded since the last call to the publisher's thread (called once a
+        step, and after aborts and resets, only while a publisher exists)."""
+        events = self.kv_cache.events.take()
+        if events:
+            self.kv_events_publisher.publish(events)
 
     def take_swap_timings(self) -> tuple:
         """KV swap copies whose timing completed since the last call (``SwapTiming``; empty without swapping)."""
@@ -138,6 +169,8 @@ class EngineCore:
         if masks_of is not None and self.executor.poll_masks(masks_of):
             # Computed meanwhile: sampled now, behind its forward, rather than after the next schedule.
             self._finish_deferred(masks_of)
+        if self.kv_events_publisher is not None:
+            self.publish_kv_events()
         return scheduler_output, runner_output, outputs
 
     def _finish_deferred(self, launched) -> None:
@@ -197,7 +230,10 @@ class EngineCore:
         scheduler_output, launched = self._in_flight
         self._in_flight = None
         self._finish_deferred(launched)
-        return self.scheduler.update(scheduler_output, self.executor.collect(launched))
+        outputs = self.scheduler.update(scheduler_output, self.executor.collect(launched))
+        if self.kv_events_publisher is not None:
+            self.publish_kv_events()
+        return outputs
 
     def _can_schedule_ahead(self, launched: SchedulerOutput) -> bool:
         # Penalties read the content of every generated token, which is still on the device (a
@@ -222,6 +258,19 @@ class EngineCore:
                                    or launched.num_draft_tokens):
             return False
         return not lockstep_needed
+
+
+def _kv_events_publisher(config: EngineConfig, data_parallel_rank: int):
+    """The engine's KV-event publisher (engine/kv_events_publisher.py), or None: not asked for, or no
+    prefix cache (whose blocks are what the events are about)."""
+    if config.kv_events is None or not config.kv_events.publishes:
+        return None
+    if not config.cache.enable_prefix_caching:
+        logger.warning("kv_events_config is set but prefix caching is off: there are no cached blocks to publish")
+        return None
+    from aioinfer.engine.kv_events_publisher import KVEventPublisher
+
+    return KVEventPublisher(config.kv_events, config.cache.block_size, data_parallel_rank)
 
 
 def _has_penalties(params) -> bool:

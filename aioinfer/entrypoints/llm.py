@@ -54,6 +54,11 @@ class LLM:
         also done when the LLM is garbage-collected, but only an explicit call is prompt."""
         self.engine.shutdown()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block (vLLM's); False while a request holds blocks. With
+        ``kv_events_config`` subscribers hear ``AllBlocksCleared``."""
+        return self.engine.reset_prefix_cache()
+
     def __enter__(self) -> "LLM":
         return self
 

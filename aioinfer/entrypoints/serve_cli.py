@@ -15,6 +15,10 @@ it with such a line and status 1 (entrypoints/startup_checks.py).
 vLLM's flags that change nothing here are accepted, so that a vLLM command line runs as it is; one
 whose value would change the result but is not implemented here is refused with the reason
 (entrypoints/serve_flags.py has the flags, docs/vllm_compatibility.md the table).
+
+``--ray`` serves through Ray Serve instead: engine replicas in Ray actors (``--num-replicas``, or
+``--max-replicas`` to autoscale) behind the same routes, prefix-aware routing between them
+(entrypoints/ray_app.py, docs/scaling.md); it needs ``pip install 'aioinfer[ray]'``.
 """
 
 from __future__ import annotations
@@ -31,13 +35,16 @@ import ssl
 import sys
 from typing import Any, Collection, NoReturn, Optional
 
-from aioinfer.entrypoints.serve_flags import (HelpFormatter, Switch, add_engine_flags, add_server_flags,
-                                             apply_uvicorn_log_level, port, server_settings_of_vllm_flags)
+from aioinfer.entrypoints.serve_flags import (HelpFormatter, Switch, add_engine_flags, add_ray_flags,
+                                             add_server_flags, apply_uvicorn_log_level, port,
+                                             server_settings_of_vllm_flags)
 from aioinfer.entrypoints.startup_checks import check_settings, failure_line, name_the_setting
 from aioinfer.options import declared
+from aioinfer.ray.options import RayServeOptions
 from aioinfer.server_config import ENGINE_OPTIONS, LOG_FORMAT, ServerConfig
 
-__all__ = ["add_engine_flags", "add_serve_parser", "config_from_args", "run_serve", "serve"]
+__all__ = ["add_engine_flags", "add_serve_parser", "config_from_args", "ray_options_from_args", "run_serve",
+           "serve"]
 PROG = "aioinfer serve"
 
 
@@ -60,6 +67,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     # default None everywhere: an absent flag leaves the AIOINFER_* variable (or the default) in force
     add_server_flags(parser)
     add_engine_flags(parser, default=None)
+    add_ray_flags(parser)
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=run_serve)
     return parser
@@ -83,13 +91,25 @@ def config_from_args(args: argparse.Namespace, environ=None) -> ServerConfig:
     return dataclasses.replace(config, engine_kwargs=engine_kwargs, **changes)
 
 
+def ray_options_from_args(args: argparse.Namespace, environ=None) -> RayServeOptions:
+    """``--ray`` and the deployment's settings: flags over ``AIOINFER_*`` variables over the defaults."""
+    changes = {spec.name: getattr(args, spec.name) for spec in declared(RayServeOptions)
+               if getattr(args, spec.name, None) is not None}
+    return dataclasses.replace(RayServeOptions.from_env(environ), **changes)
+
+
 def run_serve(args: argparse.Namespace) -> None:
     """``serve``'s entry: settings and the port are checked before anything loads (see the module docstring)."""
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     apply_uvicorn_log_level(args.uvicorn_log_level)
     try:
         config = config_from_args(args)  # malformed AIOINFER_* variables
-        _check_engine_arguments(config)  # values argparse cannot check: the engine's own validation
+        ray_options = ray_options_from_args(args)
+        if ray_options.ray:
+            _check_ray_installed()
+            _check_ray_settings(config, ray_options)
+        else:
+            _check_engine_arguments(config)  # values argparse cannot check: the engine's own validation
         _check_tls(config)
     except ValueError as exc:
         _fail(name_the_setting(str(exc), _flags_given(args)), status=2)
@@ -99,6 +119,11 @@ def run_serve(args: argparse.Namespace) -> None:
         _check_port_free(args.host, args.port)
     except OSError as exc:
         _fail(_bind_error_message(exc, args.host, args.port), status=1)
+    if ray_options.ray:
+        from aioinfer.entrypoints.ray_app import run_with_ray
+
+        run_with_ray(config, ray_options, args.host, args.port)
+        return
     try:
         asyncio.run(serve(config, args.host, args.port, flags=_flags_given(args)))
     except OSError as exc:  # hypercorn's bind, if the port was taken since check_port_free
@@ -117,6 +142,30 @@ def _check_engine_arguments(config: ServerConfig) -> None:
     """ValueError now, rather than a failure after the port is open (the model loads in the
     background once the server listens): startup_checks.check_settings."""
     check_settings(config)
+
+
+def _check_ray_installed() -> None:
+    import importlib
+
+    try:
+        importlib.import_module("ray.serve")
+    except ImportError:
+        _fail("--ray needs Ray Serve, which is not installed: pip install 'aioinfer[ray]'", status=2)
+
+
+def _check_ray_settings(config: ServerConfig, options: RayServeOptions) -> None:
+    """The engine's options as the replicas take them; with a local Ray (no --ray-address), all of
+    ``serve``'s checks too: the device and the model path are this machine's. A cluster's are its own."""
+    from aioinfer.entrypoints.ray_app import engine_config_of
+
+    engine_config_of(config)
+    hypercorn_only = [name for name in ("ssl_cert_reqs", "ssl_ciphers", "enable_ssl_refresh")
+                      if getattr(config, name)]
+    if hypercorn_only:
+        raise ValueError(f"{hypercorn_only[0]} is not supported with --ray: Ray's HTTP proxy serves TLS with the "
+                         f"certificate, key and CA files only")
+    if options.ray_address is None:
+        check_settings(config)
 
 
 def _flags_given(args: argparse.Namespace) -> frozenset[str]:

@@ -11,7 +11,8 @@ vLLM command line may say and what each flag means here. Three kinds:
   ``--disable-log-stats``, ``--kv-cache-dtype``, ``--structured-outputs-config``, ...): flags built from
   vllm_options.py's tables, so that ``serve`` and ``LLM(...)`` accept and refuse the same values for
   the same reasons. They never reach the engine;
-- vLLM's frontend flags for its HTTP server (``--uvicorn-log-level``), applied to hypercorn's.
+- vLLM's frontend flags for its HTTP server (``--uvicorn-log-level``), applied to hypercorn's;
+- ``--ray`` and the Ray Serve deployment's settings (``--num-replicas``, ...: ray/options.py).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import Any, Optional
 
 from aioinfer.option_flags import HelpFormatter, Switch, add_engine_flags, add_flags
 from aioinfer.options import declared
+from aioinfer.ray.options import RayServeOptions
 from aioinfer.server_config import ServerConfig
 from aioinfer.vllm_options import VLLM_ENGINE_FLAGS
 
-__all__ = ["HelpFormatter", "Switch", "VLLM_ENGINE_FLAGS", "add_engine_flags", "add_server_flags",
+__all__ = ["HelpFormatter", "Switch", "VLLM_ENGINE_FLAGS", "add_engine_flags", "add_ray_flags", "add_server_flags",
            "apply_uvicorn_log_level", "port", "server_settings_of_vllm_flags"]
 
 # vLLM's --uvicorn-log-level, applied to hypercorn's loggers (uvicorn's "trace" is below debug: debug)
@@ -51,6 +53,11 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--uvicorn-log-level", default=None, choices=list(UVICORN_LOG_LEVELS),
                         help="vLLM's: the level of the HTTP server's own log (hypercorn's here; default: "
                              "--log-level's)")
+
+
+def add_ray_flags(parser: argparse.ArgumentParser) -> None:
+    """``--ray`` and the Ray Serve deployment's settings (ray/options.py), each defaulting to None."""
+    add_flags(parser, declared(RayServeOptions), default=None)
 
 
 def server_settings_of_vllm_flags(args: argparse.Namespace) -> dict[str, Any]:

@@ -24,7 +24,7 @@ _FLAGS = {spec.name: (flags_of(spec) or (None,))[0] for spec in (*declared(Serve
 # "max_model_len ... exceeds"), then a space or a colon; a JSON option's with a dotted key
 # (speculative_config.method), which no other name takes ("tokenizer.json ..." names a file).
 _LEADING_NAME = re.compile(r"([a-z][a-z0-9_]*)(\.[a-z_]+)?(?=[ :])")
-_JSON_OPTIONS = frozenset({"speculative_config"})
+_JSON_OPTIONS = frozenset({"speculative_config", "kv_events_config"})
 
 
 def check_settings(config: ServerConfig) -> None:

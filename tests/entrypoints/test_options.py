@@ -19,6 +19,7 @@ import pytest
 from aioinfer.config import EngineConfig, engine_options
 from aioinfer.option_flags import add_flags, flags_of
 from aioinfer.options import declared, option, read_env
+from aioinfer.ray.options import RayServeOptions
 from aioinfer.server_config import ENGINE_OPTIONS, ServerConfig, engine_option_specs
 from tiny_models import make_tiny_model_dir
 
@@ -29,7 +30,7 @@ OTHER_VARIABLES = {"AIOINFER_GC_YOUNG_THRESHOLD": "aioinfer/utils/gc_deferral.py
 
 
 def all_specs():
-    return (*declared(ServerConfig), *engine_option_specs())
+    return (*declared(ServerConfig), *engine_option_specs(), *declared(RayServeOptions))
 
 
 # ---------------------------------------------------------------------------- the docs' table
@@ -140,11 +141,13 @@ def test_the_engine_s_options_are_its_fields():
 
 
 def _bounded_options():
-    """Every declared option of a plain type: the engine's (built through from_kwargs) and the server's."""
+    """Every declared option of a plain type: the engine's (built through from_kwargs), the server's and the
+    Ray deployment's."""
     from aioinfer.config import engine_options
     from aioinfer.server_config import ServerConfig
 
-    return [spec for spec in (*engine_options(), *declared(ServerConfig)) if spec.kind is not None]
+    return [spec for spec in (*engine_options(), *declared(ServerConfig), *declared(RayServeOptions))
+            if spec.kind is not None]
 
 
 def _build(spec, value):
@@ -152,6 +155,8 @@ def _build(spec, value):
 
     if spec.owner is ServerConfig:
         return ServerConfig(**{spec.field: value})
+    if spec.owner is RayServeOptions:
+        return RayServeOptions(**{spec.field: value})
     return EngineConfig.from_kwargs("m", **{spec.name: value})
 
 
@@ -195,7 +200,7 @@ def test_option_modules_import_nothing_above_them():
 
     assert imports("aioinfer/options.py") == set()
     for path in ("aioinfer/config.py", "aioinfer/server_config.py", "aioinfer/option_flags.py",
-                 "aioinfer/engine_args.py", "aioinfer/vllm_options.py"):
+                 "aioinfer/engine_args.py", "aioinfer/vllm_options.py", "aioinfer/ray/options.py"):
         assert not {name for name in imports(path) if name.startswith("aioinfer.entrypoints")}, path
 
 

@@ -8,6 +8,8 @@ Every engine request is admitted up front, synchronously, so that a bad prompt o
 fails the whole HTTP request before anything is streamed and before any choice runs alone. The
 admission bounds are checked for the whole fan-out before the first choice is admitted: a request
 too large for them costs the engine nothing, whether it is refused for now (429) or for ever (400).
+An engine whose replicas live in other processes (aioinfer/ray) answers admission with each
+stream's first item instead: ``confirmed()`` awaits those answers before anything is sent.
 
 Ownership: each engine stream is iterated and closed by exactly one task (the consumer itself
 when there is one stream, else one pump task per stream), because the engine's iterator may hold
@@ -75,6 +77,31 @@ class ChoiceStreams:
             _abort_soon(engine, tuple(rid for _, rid, _ in started))
             raise
         return cls(engine, started)
+
+    async def confirmed(self) -> None:
+        """Wait until every choice's engine has admitted it, where the engine answers later than
+        ``generate`` returns (an engine front end over other processes: its streams have
+        ``admitted()``, aioinfer/ray/stream.py); on a refusal, abort every choice and raise the
+        engine's error, so that the HTTP request fails whole, as a local engine's would. A local
+        engine's streams were admitted inside ``generate``: this returns at once, awaiting nothing."""
+        pending = [stream.admitted() for _, _, stream in self.started if hasattr(stream, "admitted")]
+        if not pending:
+            return
+        try:
+            outcomes = await asyncio.gather(*pending, return_exceptions=True)
+        except BaseException:  # cancelled (the client left): nothing of it may run on
+            await self._close_unread()
+            raise
+        failure = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if failure is not None:
+            await self._close_unread()
+            raise failure
+
+    async def _close_unread(self) -> None:
+        # No consumer iterates these streams yet: closing them here is closing them in their one owner.
+        for _, _, stream in self.started:
+            await stream.aclose()
+        await self.close()
 
     async def merged(self) -> AsyncIterator[tuple[ChoiceSpec, GenerationDelta]]:
         """(choice, delta) pairs in arrival order; raises the first error of any choice."""

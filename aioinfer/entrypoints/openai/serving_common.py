@@ -61,6 +61,7 @@ async def admit_and_respond(engine, specs, request_id: str, req, job):
             await engine.prepare_structured_output(constraint, count=len(specs))
         streams = ChoiceStreams.admit(engine, specs, request_id, req.priority, cache_salt=req.cache_salt,
                                       stream=bool(req.stream), stall_probe=stall_probe)
+        await streams.confirmed()  # an engine whose replicas admit later: their refusals fail it here
     except Exception as exc:  # noqa: BLE001 - ValueError/overload/dead -> 400/429/503
         raise from_engine_error(exc) from exc
     if slot is not None:

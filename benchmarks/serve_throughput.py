@@ -69,6 +69,10 @@ def main() -> None:
                    help="extra AIOINFER_* setting for every path (e.g. AIOINFER_STREAM_INTERVAL=4)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra hypercorn argument for aioinfer's server (repeatable, e.g. --server-arg=--backlog=100)")
+    p.add_argument("--ray-replicas", default="", metavar="N[,M...]",
+                   help="also `serve --ray` with N engine replicas sharing the device (each 1/N of the GPU and of "
+                        "its memory), once per count; needs aioinfer[ray]")
+    p.add_argument("--ray-ingress-replicas", type=int, default=2, help="with --ray-replicas: OpenAI ingress replicas")
     p.add_argument("--vllm-server", action="store_true",
                    help="also vLLM's server (installed under --vllm-pythonpath)")
     p.add_argument("--vllm-pythonpath", default=os.environ.get("VLLM_PYTHONPATH"),
@@ -106,6 +110,9 @@ def main() -> None:
                        "--device", device, "--child-mode", mode, *_passthrough(args)]
                 results[mode] = run_child(cmd, args.timeout)
             print(f"{mode}: {_brief(results[mode])}", flush=True)
+        for count in [int(c) for c in args.ray_replicas.split(",") if c]:
+            results[f"ray-{count}"] = run_server(args, device, folder, requests, ray_replicas=count)
+            print(f"ray-{count}: {_brief(results[f'ray-{count}'])}", flush=True)
         if args.vllm_server:
             results["vllm-server"] = run_server(args, device, folder, requests, vllm=True)
             print(f"vllm-server: {_brief(results['vllm-server'])}", flush=True)
@@ -279,12 +286,17 @@ def _best(runs: list[dict]) -> dict:
 
 # ----------------------------------------------------------------------------- the server
 
-def run_server(args, device: str, folder: Path, requests, vllm: bool = False) -> dict[str, Any]:
+def run_server(args, device: str, folder: Path, requests, vllm: bool = False,
+               ray_replicas: int = 0) -> dict[str, Any]:
+    """One server mode: aioinfer's (hypercorn), vLLM's, or ``ray_replicas`` engine replicas behind
+    Ray Serve (``python -m aioinfer serve --ray``: the replicas share the one device, each with
+    1/N of it and of the memory fraction; the client's CPU figures cover the clients only)."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     if args.log_dir:
         Path(args.log_dir).mkdir(parents=True, exist_ok=True)
-    log = tempfile.NamedTemporaryFile(prefix=f"server-{args.model}-{'vllm' if vllm else 'aioinfer'}-", suffix=".log",
+    tag = "vllm" if vllm else f"ray{ray_replicas}" if ray_replicas else "aioinfer"
+    log = tempfile.NamedTemporaryFile(prefix=f"server-{args.model}-{tag}-", suffix=".log",
                                       delete=False, dir=args.log_dir)
     if vllm:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--load-format",
@@ -300,6 +312,16 @@ def run_server(args, device: str, folder: Path, requests, vllm: bool = False) ->
         app = "benchmarks.null_runner_app:app" if args.null_runner_ms is not None else "aioinfer.app:app"
         cmd = [sys.executable, "-m", "hypercorn", app, "--bind", f"127.0.0.1:{port}", *args.server_arg]
         settings = engine_settings(args, device, requests)
+        if ray_replicas:
+            if args.null_runner_ms is not None:
+                raise SystemExit("--ray-replicas runs the real engine: not with --null-runner-ms")
+            share = 1 / ray_replicas
+            cmd = [sys.executable, "-m", "aioinfer", "serve", "--ray", "--num-replicas", str(ray_replicas),
+                   "--ingress-replicas", str(args.ray_ingress_replicas), "--host", "127.0.0.1", "--port", str(port),
+                   "--num-gpus-per-replica", f"{share if device == 'cuda' else 0:.4f}",
+                   # Ray's CPU reservations are logical: none here, so that any replica count fits the host
+                   "--num-cpus-per-replica", "0", "--ingress-num-cpus", "0"]
+            settings["gpu_memory_utilization"] = round(0.9 * share, 4)
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIOINFER_")}
         env.update({"AIOINFER_" + k.upper(): str(v) for k, v in settings.items()})
         env.update(AIOINFER_MODEL=str(folder), AIOINFER_MAX_WAITING_REQUESTS=str(len(requests) + 64),
@@ -317,16 +339,16 @@ def run_server(args, device: str, folder: Path, requests, vllm: bool = False) ->
         _wait_ready(url, server, model_name, vllm, args.timeout)
         warm = workload1(num_requests=16, seed=1, max_input_len=200, max_output_len=110, max_token_id=500)
         _clients(url, model_name, warm, min(args.clients, 2))  # first kernels, connections, allocator
-        serving = [server.pid] if vllm else [_serving_pid(server.pid)]
+        serving = [server.pid] if vllm else [] if ray_replicas else [_serving_pid(server.pid)]
         runs = []
         for _ in range(args.repeats):
             before = {pid: thread_cpu(pid) for pid in serving}
             cpu_before = {pid: process_cpu(pid) for pid in serving}
-            spy = _start_py_spy(args, serving[0], f"{args.model}-{'vllm' if vllm else 'aioinfer'}")
+            spy = _start_py_spy(args, serving[0], f"{args.model}-{tag}") if serving else None
             result = _clients(url, model_name, requests, args.clients, _client_cpus(args, vllm))
             if spy is not None:
                 spy.wait(timeout=120)
-            if not vllm:
+            if not vllm and not ray_replicas:
                 result["cpu_s"] = split_by_role(before[serving[0]], thread_cpu(serving[0]), serving[0])
             result["server_process_cpu_s"] = sum(process_cpu(pid) - cpu_before[pid] for pid in serving)
             runs.append(result)
@@ -513,7 +535,9 @@ def report(args, env: dict, shape, requests, results: dict[str, Any]) -> None:
                          f"{r['listen_overflows']} handshakes dropped (full listen queue)"
                          if r.get("listen_overflows") else "",
                          f"{r['tok_per_s'] / vllm_server:.2f}x vLLM's server"
-                         if vllm_server and mode == "server" else "") if note)])
+                         if vllm_server and (mode == "server" or mode.startswith("ray-")) else "",
+                         f"{r['tok_per_s'] / results['server']['tok_per_s']:.2f}x the single server"
+                         if mode.startswith("ray-") and results.get("server", {}).get("tok_per_s") else "") if note)])
     payload = {"benchmark": "serve_throughput (workload 1: offline LLM, async Engine, HTTP server)",
                "model": args.model, "environment": env, "argv": vars(args), "num_requests": len(requests),
                "output_tokens": output_tokens(requests), "results": results}

@@ -152,6 +152,22 @@ def test_serve_throughput(tmp_path, tiny_folder):
         assert result["results"][path]["output_tokens"] == result["output_tokens"], path
 
 
+def test_serve_throughput_through_ray_serve(tmp_path, tiny_folder):
+    """The Ray Serve form: two engine replicas behind ``serve --ray`` beside the single server; every
+    output token arrives through the replicas (the tokens match the workload's)."""
+    pytest.importorskip("ray.serve")
+    out = tmp_path / "ray.json"
+    stdout = run_benchmark("serve_throughput", "--model", "tiny", "--device", "cpu", "--modes", "server",
+                           "--ray-replicas", "2", "--ray-ingress-replicas", "1", "--num-requests", "8",
+                           "--max-input-len", "120", "--max-output-len", "110", "--clients", "2",
+                           "--tokenizer", str(tiny_folder), "--timeout", "240", "--out", str(out))
+    assert [row[0] for row in last_table(stdout, "path")] == ["server", "ray-2"]
+    result = json.loads(out.read_text())
+    for path in ("server", "ray-2"):
+        assert "error" not in result["results"][path], result["results"][path]
+        assert result["results"][path]["output_tokens"] == result["output_tokens"], path
+
+
 def test_serve_throughput_null_runner(tmp_path):
     """The host-cost form: the model replaced by a 2 ms sleep, the server path alone."""
     out = tmp_path / "null.json"

@@ -140,6 +140,13 @@ def run_with_ray(config: ServerConfig, options: RayServeOptions, host: str, port
 
     app = build_application(config, options)
     ray.init(address=options.ray_address, namespace="serve", include_dashboard=False)
+    if options.ray_address is None:  # our own one-machine cluster: it will not grow to fit
+        engine_config = engine_config_of(config)
+        problem = options.unschedulable(engine_config.device, engine_config.parallel.tensor_parallel_size,
+                                        ray.cluster_resources())
+        if problem is not None:
+            ray.shutdown()
+            raise ValueError(problem)
     http: dict[str, Any] = {"host": host, "port": port}
     if config.ssl_certfile:
         http.update(ssl_certfile=config.ssl_certfile, ssl_keyfile=config.ssl_keyfile or config.ssl_certfile,

@@ -122,7 +122,10 @@ def run_serve(args: argparse.Namespace) -> None:
     if ray_options.ray:
         from aioinfer.entrypoints.ray_app import run_with_ray
 
-        run_with_ray(config, ray_options, args.host, args.port)
+        try:
+            run_with_ray(config, ray_options, args.host, args.port)
+        except ValueError as exc:  # the replicas do not fit the local Ray cluster
+            _fail(str(exc), status=2)
         return
     try:
         asyncio.run(serve(config, args.host, args.port, flags=_flags_given(args)))

@@ -91,3 +91,24 @@ class RayServeOptions:
     def ingress_deployment_options(self) -> dict:
         return {"num_replicas": self.ingress_replicas, "max_ongoing_requests": self.ingress_max_ongoing_requests,
                 "ray_actor_options": {"num_cpus": self.ingress_num_cpus}}
+
+    def unschedulable(self, device: str, tensor_parallel_size: int, resources: Mapping[str, float]) -> Optional[str]:
+        """Why the replicas Ray must start first (the fixed count, or autoscaling's minimum) and the
+        ingress replicas cannot all be placed on a cluster of ``resources`` (``ray.cluster_resources()``),
+        or None when they fit. Ray itself would wait for them for ever, saying only that they take long
+        to be scheduled."""
+        engine = self.engine_deployment_options(device, tensor_parallel_size, 1.0)
+        replicas = engine.get("num_replicas") or engine["autoscaling_config"]["min_replicas"]
+        per = engine["ray_actor_options"]
+        cpus = replicas * per["num_cpus"] + self.ingress_replicas * self.ingress_num_cpus
+        gpus = replicas * per["num_gpus"]
+        have_cpus, have_gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
+        if cpus > have_cpus + 1e-9:
+            return (f"{replicas} engine replica(s) x {per['num_cpus']:g} CPU + {self.ingress_replicas} ingress "
+                    f"replica(s) x {self.ingress_num_cpus:g} CPU need {cpus:g} CPUs; the Ray cluster has "
+                    f"{have_cpus:g}: lower --num-cpus-per-replica / --ingress-num-cpus (Ray's CPUs are reservations, "
+                    "0 is allowed) or the replica counts")
+        if gpus > have_gpus + 1e-9:
+            return (f"{replicas} engine replica(s) x {per['num_gpus']:g} GPU need {gpus:g} GPUs; the Ray cluster has "
+                    f"{have_gpus:g}: set --num-gpus-per-replica (a fraction shares a GPU) or fewer replicas")
+        return None

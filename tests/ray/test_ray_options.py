@@ -101,3 +101,20 @@ def test_serve_ray_without_ray_is_one_line_naming_the_extra():
 def test_serve_ray_settings_are_checked_before_anything_starts():
     result = run_serve(["--ray", "--num-replicas", "2", "--max-replicas", "3"])
     assert_one_line_error(result, 2, "num_replicas and max_replicas exclude each other")
+
+
+def test_replicas_that_do_not_fit_the_local_cluster_are_refused_with_the_reason():
+    from aioinfer.ray.options import RayServeOptions
+
+    two = RayServeOptions(ray=True, num_replicas=2)  # 1 CPU each, and one ingress with 1 CPU
+    problem = two.unschedulable("cpu", 1, {"CPU": 2.0})
+    assert problem is not None and "need 3 CPUs" in problem and "has 2" in problem
+    assert two.unschedulable("cpu", 1, {"CPU": 3.0}) is None
+    light = RayServeOptions(ray=True, num_replicas=4, num_cpus_per_replica=0, ingress_num_cpus=0)
+    assert light.unschedulable("cpu", 1, {"CPU": 2.0}) is None
+    gpus = RayServeOptions(ray=True, num_replicas=2)
+    assert "need 2 GPUs" in gpus.unschedulable("cuda", 1, {"CPU": 16.0, "GPU": 1.0})
+    shared = RayServeOptions(ray=True, num_replicas=4, num_gpus_per_replica=0.25)
+    assert shared.unschedulable("cuda", 1, {"CPU": 16.0, "GPU": 1.0}) is None
+    autoscaled = RayServeOptions(ray=True, min_replicas=3, max_replicas=8)  # the minimum must fit at start
+    assert "need 3 GPUs" in autoscaled.unschedulable("cuda", 1, {"CPU": 16.0, "GPU": 2.0})

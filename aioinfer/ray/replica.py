@@ -91,6 +91,7 @@ class EngineReplica:
     async def __init__(self, engine_kwargs: dict) -> None:
         configure_server_logging()  # the start-up phases and errors reach the replica's log, as a server's
         self.replica_id = _replica_id()
+        self.gpu_ids = _gpu_ids()  # the GPUs Ray gave this replica (its CUDA_VISIBLE_DEVICES), for the figures
         self._records = ReplicaRecords()
         engine_kwargs = with_replica_event_endpoints(engine_kwargs, _local_rank())
         self._engine = Engine(observers=[self._records], **engine_kwargs)
@@ -199,7 +200,7 @@ class EngineReplica:
         """Ray Serve polls this for its request router; the ingress reads it for /metrics (directory.py).
         A few numbers: queue and KV figures, the engine's counters, and the running step totals."""
         stats = self._engine.stats()
-        return {"replica_id": self.replica_id, "ready": stats["ready"], "dead": stats["dead"],
+        return {"replica_id": self.replica_id, "gpu_ids": self.gpu_ids, "ready": stats["ready"], "dead": stats["dead"],
                 "num_waiting": stats["num_waiting"], "num_running": stats["num_running"],
                 "kv_usage": stats["kv_usage"], "open_requests": stats["open_requests"],
                 "waiting_admission": stats["waiting_admission"],
@@ -229,6 +230,15 @@ def _local_rank() -> int:
         return int(serve.get_replica_context().rank.local_rank)
     except Exception:  # noqa: BLE001 - not a Serve replica, or a Ray without ranks
         return 0
+
+
+def _gpu_ids() -> list:
+    try:
+        import ray
+
+        return list(ray.get_gpu_ids()) if ray.is_initialized() else []  # never start a Ray here
+    except Exception:  # noqa: BLE001 - outside a Ray worker (tests build the class directly)
+        return []
 
 
 def _replica_id() -> Optional[str]:

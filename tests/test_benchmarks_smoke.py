@@ -32,7 +32,7 @@ BENCHMARKS = REPO / "benchmarks"
 MAINTAINED = ["offline_throughput", "decode_latency", "paged_attention", "serve_throughput",
               "structured_output_rounds", "spec_decode"]
 # Imported or started by the maintained scripts, never run on their own.
-HELPERS = ["common", "serve_clients", "proc_cpu", "null_runner", "null_runner_app", "triton_compiles", "vllm_peer"]
+HELPERS = ["common", "serve_clients", "serve_driver", "proc_cpu", "null_runner", "null_runner_app", "triton_compiles", "vllm_peer"]
 TIMEOUT = 300  # seconds per script: a few to 40 on an idle 2-core machine
 
 

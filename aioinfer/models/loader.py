@@ -18,7 +18,7 @@ import torch
 from aioinfer.attention.backend import AttentionBackend
 from aioinfer.distributed.group import TPGroup
 from aioinfer.layers.quantization.config import QuantConfig, quant_config
-from aioinfer.layers.quantization.fp8_linear import quantize_linears
+from aioinfer.layers.quantization.fp8_linear import finish_quantized, quantize_linears
 from aioinfer.models.arch_config import ArchConfig, check_attention_window
 from aioinfer.models.decoder import DecoderForCausalLM
 from aioinfer.models.registry import get_model_class
@@ -203,5 +203,7 @@ def load_model(
         missing = sorted(expected - loaded)
         if missing:
             raise ValueError(f"checkpoint {source.path} lacks weights for: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    if quant is not None:
+        finish_quantized(model)
     model.tie_weights()
     return model, cfg

@@ -6,8 +6,9 @@ Oracle: the same layers built unsharded from the same whole tensors. Column-para
 gate/up) hold the rows of the unsharded ones with their scales, and their products equal the
 unsharded product's columns; row-parallel layers (o, down) hold the unsharded weight's columns
 (per-row scales whole; a block scale's columns split with them). Quantizing a float weight as it
-loads takes the rank's own columns' amax in a row-parallel layer, so there only the dequantized
-weights are compared, within one e4m3 step.
+loads takes the rank's own columns' amax in a row-parallel layer, and the online format's one scale
+per layer is the rank's own largest row scale, so for online weights the dequantized weights are
+compared within two e4m3 roundings a side, and the products within the error that allows.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def _check(rank: int, port: int) -> None:
         for kind in ("checkpoint rows", "checkpoint tensor", "checkpoint blocks", "online"):
             block = kind == "checkpoint blocks"
             config = QuantConfig(source="fp8" if block else ("online" if kind == "online" else "compressed-tensors"),
-                                 weights="block" if block else "channel", block=BLOCK if block else None)
+                                 weights="block" if block else ("tensor" if kind == "online" else "channel"),
+                                 block=BLOCK if block else None)
             for name, spec in layers.items():
                 ours, whole = _build(spec, tp, config), _build(spec, SINGLE, config)
                 for layer in (ours, whole):
@@ -86,11 +88,13 @@ def _check(rank: int, port: int) -> None:
                             q, scale = (w / s).clamp(-448, 448).to(FP8), layer.weight_scale
                         layer.weight_loader(layer.weight, q, shard)
                         layer.weight_loader(scale, s, shard)
+                    layer.quant.finish(layer)
                 got, want = _dequantized(ours), _dequantized(whole)
                 if name == "down":  # row-parallel: this rank's columns
                     want = want[:, rank * INTER // 2:(rank + 1) * INTER // 2]
                     if kind == "online":  # the rank's own amax: within one e4m3 step of the whole row's
-                        assert ((got - want).abs() <= want.abs() / 8 + 1e-6).all(), kind
+                        step = max(ours.weight_scale.max(), whole.weight_scale.max()) * 2.0**-8  # e4m3's subnormal step
+                        assert ((got - want).abs() <= want.abs() / 4 + step).all(), kind  # two roundings a side
                         continue
                     assert torch.equal(got, want), (kind, name)
                     torch.testing.assert_close(ours(act[:, rank * INTER // 2:(rank + 1) * INTER // 2]).shape,
@@ -101,9 +105,16 @@ def _check(rank: int, port: int) -> None:
                 for (start, size), (my_start, my_size) in zip(rows, mine):
                     assert my_size * 2 == size
                     theirs = want[start + rank * my_size:start + (rank + 1) * my_size]
-                    assert torch.equal(got[my_start:my_start + my_size], theirs), (kind, name)
-                    torch.testing.assert_close(ours(x)[:, my_start:my_start + my_size],
-                                               whole(x)[:, start + rank * my_size:start + (rank + 1) * my_size])
+                    mine_w = got[my_start:my_start + my_size]
+                    product = ours(x)[:, my_start:my_start + my_size]
+                    expected = whole(x)[:, start + rank * my_size:start + (rank + 1) * my_size]
+                    if kind == "online":
+                        step = max(ours.weight_scale.max(), whole.weight_scale.max()) * 2.0**-8
+                        assert ((mine_w - theirs).abs() <= theirs.abs() / 4 + step).all(), (kind, name)
+                        assert (product - expected).abs().max() <= 0.05 * expected.abs().max(), (kind, name)
+                        continue
+                    assert torch.equal(mine_w, theirs), (kind, name)
+                    torch.testing.assert_close(product, expected)
     finally:
         destroy_tp_group()
 

@@ -3,11 +3,14 @@ with CUDA graphs.
 
 Oracles (float64 products of the very FP8 values the path feeds its GEMM, so that only the GEMM's
 own rounding is left):
-- the per-token quantization kernel equals ``quantize_rows`` (scales bit-exact, e4m3 values equal
-  except for rare round-half cases, which must be one e4m3 step apart);
+- the per-token and per-tensor quantization kernels equal ``quantize_rows`` / ``quantize_tensor``
+  (scales bit-exact, e4m3 values equal except for rare round-half cases, which must be one e4m3
+  step apart);
 - the small-batch kernel with FP8 weights (weight-only: 1-8 rows) against x @ dequantized(W)^T;
-- the row-wise ``torch._scaled_mm`` path (9+ rows) against dequantized(quantize_rows(x)) @
-  dequantized(W)^T;
+- the row-wise ``torch._scaled_mm`` path (per-channel weights, 9+ rows) against
+  dequantized(quantize_rows(x)) @ dequantized(W)^T;
+- the tensor-wise path (online weights, 2+ rows) against dequantized(quantize_tensor(x)) @
+  dequantized(W)^T, with the bias in the GEMM's epilogue;
 - block-wise weights (128 x 128, ``F.scaled_mm``) against per-(token, 128 columns) quantized
   activations times the dequantized weights.
 Tolerance: 1 % of the output's scale (bf16 output rounding), 2 % where ``torch._scaled_mm`` sums
@@ -29,9 +32,9 @@ if torch.cuda.get_device_capability() < (8, 9):
 from aioinfer.layers.linear import MergedLinear, RowParallelLinear  # noqa: E402
 from aioinfer.layers.quantization.config import QuantConfig  # noqa: E402
 from aioinfer.layers.quantization.fp8 import (FP8, dequantize_blocks, dequantize_rows, quantize_blocks,  # noqa: E402
-                                              quantize_rows)
+                                              quantize_rows, quantize_tensor)
 from aioinfer.layers.quantization.fp8_linear import Fp8Linear  # noqa: E402
-from aioinfer.layers.triton_ops.fp8_quant import quantize_fp8_rows  # noqa: E402
+from aioinfer.layers.triton_ops.fp8_quant import quantize_fp8_rows, quantize_fp8_tensor  # noqa: E402
 
 DEV = "cuda"
 SHAPES = [(4608, 3584), (37888, 3584), (3584, 18944), (1152, 896)]  # (N, K): 7b qkv, 7b gate_up, 7b down, 0.5b qkv
@@ -57,6 +60,19 @@ def test_token_quantization_kernel_equals_the_reference(rows, k):
     assert ((q.float() - rq.float()).abs() <= (rq.float().abs() / 8).clamp(min=2.0**-9))[differ].all()
 
 
+@pytest.mark.parametrize("rows", [1, 7, 300, 8192])
+@pytest.mark.parametrize("k", [64, 3584, 18944])
+def test_tensor_quantization_kernel_equals_the_reference(rows, k):
+    x = (3 * torch.randn(rows, k, device=DEV)).to(torch.bfloat16)
+    x[-1, :5] = torch.tensor([0.0, 1e-3, -900.0, 448.0, 65504.0 / 256], dtype=torch.bfloat16)
+    q, s = quantize_fp8_tensor(x)
+    rq, rs = quantize_tensor(x)
+    assert s.shape == () and torch.equal(s, rs)
+    differ = q.view(torch.uint8) != rq.view(torch.uint8)
+    assert differ.float().mean().item() < 1e-3
+    assert ((q.float() - rq.float()).abs() <= (rq.float().abs() / 8).clamp(min=2.0**-9))[differ].all()
+
+
 def _layer(n: int, k: int, bias: bool, config: QuantConfig, merged: bool = True):
     with torch.device("meta"):
         layer = MergedLinear(k, [n], bias=bias) if merged else RowParallelLinear(k, n, bias=bias)
@@ -67,6 +83,7 @@ def _layer(n: int, k: int, bias: bool, config: QuantConfig, merged: bool = True)
     layer.weight_loader(layer.weight, w, 0 if merged else None)
     if bias:
         layer.bias.copy_((0.5 * torch.randn(n, device=DEV)).to(torch.bfloat16))
+    layer.quant.finish(layer)
     return layer
 
 
@@ -81,6 +98,23 @@ def test_channel_fp8_linear_matches_its_dequantized_reference(n, k, rows):
     w = dequantize_rows(layer.weight, layer.weight_scale).double()
     xin = x.double() if rows <= 8 else dequantize_rows(*quantize_rows(x)).double()  # weight-only at <= 8 rows
     _close(got, xin @ w.T + layer.bias.double(), rel=2e-2 if rows > 8 and k > 8192 else 1e-2)
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("rows", [1, 2, 8, 9, 64, 256, 2048])
+def test_online_tensor_fp8_linear_matches_its_dequantized_reference(n, k, rows):
+    layer = _layer(n, k, bias=True, config=QuantConfig(source="online", weights="tensor"))
+    assert (layer.weight_scale == layer.weight_scale[0]).all()
+    x = torch.randn(rows, k, device=DEV).to(torch.bfloat16)
+    got = layer(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+    w = dequantize_rows(layer.weight, layer.weight_scale).double()
+    if rows == 1:  # weight-only
+        xin = x.double()
+    else:
+        q, s = quantize_tensor(x)
+        xin = q.double() * s.double()
+    _close(got, xin @ w.T + layer.bias.double(), rel=2e-2 if rows > 1 and k > 8192 else 1e-2)
 
 
 @pytest.mark.parametrize("rows", [1, 16, 200])

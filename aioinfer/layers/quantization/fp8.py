@@ -77,6 +77,26 @@ def dequantize_blocks(w_fp8: torch.Tensor, scale: torch.Tensor, block: tuple[int
     return (w_fp8.to(torch.float32) * full).to(dtype)
 
 
+def requantize_rows(w_fp8: torch.Tensor, row_scale: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """w_fp8 [N, K] with per-row scales [N] as e4m3 under the one ``scale`` [] (>= every row's):
+    ``w_fp8 * row_scale / scale``, rounded once (rows already at ``scale`` are unchanged)."""
+    ratio = (row_scale.reshape(-1, 1).to(torch.float32) / scale.to(torch.float32))
+    return (w_fp8.to(torch.float32) * ratio).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def scaled_mm_tensor(x_fp8: torch.Tensor, x_scale: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor,
+                     bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+    """``(x_fp8 * x_scale) @ (w_fp8 * w_scale)^T + bias`` through ``torch._scaled_mm`` with one scale
+    per tensor (x_scale, w_scale: float32 []). On CUDA a 16-bit bias rides in the GEMM's epilogue."""
+    cuda = x_fp8.is_cuda
+    fused_bias = bias if cuda and out_dtype in (torch.bfloat16, torch.float16) else None
+    out = torch._scaled_mm(x_fp8, w_fp8.t(), scale_a=x_scale.reshape(()), scale_b=w_scale.reshape(()),
+                           bias=fused_bias, out_dtype=out_dtype, use_fast_accum=cuda)
+    if bias is not None and fused_bias is None:
+        out += bias
+    return out
+
+
 def scaled_mm_rows(x_fp8: torch.Tensor, x_scale: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor,
                    bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
     """``(x_fp8 * x_scale) @ (w_fp8 * w_scale)^T + bias`` through ``torch._scaled_mm`` (row-wise scales:

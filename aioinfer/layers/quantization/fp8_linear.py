@@ -11,17 +11,23 @@ Tensors (names as the checkpoints store them):
 - ``weight`` [N, K] e4m3;
 - ``weight_scale`` [N] float32 (per output row; a per-tensor checkpoint scale is spread over its
   rows, so that fused q/k/v or gate/up pieces with scales of their own stay exact); for online
-  quantization a buffer, computed as each weight loads;
+  quantization a buffer, computed as each weight loads, then made one value for the whole layer;
 - for block-wise weights a scale per block, [cdiv(N, bn), cdiv(K, bk)] float32: HF names it
   ``weight_scale_inv``, compressed-tensors ``weight_scale``;
 - ``input_scale`` [] float32 for static activations (the largest of a fused layer's pieces).
 
-Products: on CUDA, a few rows (decode at batch <= 8) read the FP8 weights in the small-batch Triton
-kernel (weight-only: the activations stay 16-bit, nothing to quantize); more rows quantize the
-activations per token (or with the static scale) and run ``torch._scaled_mm`` with row-wise scales.
-Block-wise weights run ``torch.nn.functional.scaled_mm`` with 1 x 128 / 128 x 128 block scales on
-CUDA. On the CPU the same ``torch._scaled_mm`` runs the row-wise products, and block-wise weights are
-dequantized for each product (a test path).
+Products on CUDA:
+- one row (decode at batch 1) reads the FP8 weights in the small-batch Triton kernel (weight-only:
+  the activations stay 16-bit, nothing to quantize); so do 2-8 rows of per-channel weights;
+- online ("tensor") weights: the activations get one scale per tensor (two Triton kernels), then
+  ``torch._scaled_mm`` with tensor-wise scales, cuBLASLt's fastest FP8 GEMM (it splits K where the
+  row-wise-scaled kernel leaves most SMs idle on the 7b down projection: 27 against 47-68 us at 8-64
+  rows, docs/performance.md);
+- per-channel weights quantize the activations per token (or with the static scale) and run
+  ``torch._scaled_mm`` with row-wise scales;
+- block-wise weights run ``torch.nn.functional.scaled_mm`` with 1 x 128 / 128 x 128 block scales.
+On the CPU the same ``torch._scaled_mm`` runs the tensor- and row-wise products, and block-wise
+weights are dequantized for each product (a test path).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from torch import nn
 from aioinfer.layers.linear import Linear, MergedLinear
 from aioinfer.layers.quantization.config import QuantConfig, QuantizationError
 from aioinfer.layers.quantization.fp8 import (FP8, dequantize_blocks, quantize_blocks, quantize_rows,
-                                              quantize_tensor, scaled_mm_rows)
+                                              quantize_tensor, requantize_rows, scaled_mm_rows, scaled_mm_tensor)
 from aioinfer.layers.triton_ops import fused_ops
 
 # Rows up to which a CUDA product reads the FP8 weights in the small-batch kernel (weight-only).
@@ -64,6 +70,7 @@ class Fp8Linear:
     def __init__(self, layer: Linear, config: QuantConfig, name: str) -> None:
         self.config = config
         self.block = config.block
+        self.tensor_wise = config.weights == "tensor"
         self.static = config.activations == "static"
         self.block_scale = "weight_scale_inv" if config.source == "fp8" else "weight_scale"
         n, k = layer.out_features, layer.in_features
@@ -127,16 +134,28 @@ class Fp8Linear:
             return True
         return False
 
+    def finish(self, layer: Linear) -> None:
+        """After the last checkpoint tensor: bring a per-tensor ("tensor") layer's rows to one scale,
+        the largest of its rows' (a fused layer's pieces load, and are quantized, one by one)."""
+        if self.tensor_wise:
+            scale = layer.weight_scale.max()
+            layer.weight.data.copy_(requantize_rows(layer.weight, layer.weight_scale, scale))
+            layer.weight_scale.fill_(scale)
+
     # ------------------------------------------------------------------ the product
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """``x @ W^T + bias`` for x [T, K] in the activation dtype; returns [T, N] in that dtype."""
         if self.block is not None:
             return self._apply_block(layer, x, bias)
-        if x.is_cuda and x.shape[0] <= SMALL_BATCH_ROWS:
+        rows = x.shape[0]
+        if x.is_cuda and (rows == 1 or (rows <= SMALL_BATCH_ROWS and not self.tensor_wise)):
             ops = fused_ops()
             if ops is not None:
                 return ops.small_batch_linear(x, layer.weight, bias, weight_scale=layer.weight_scale)
+        if self.tensor_wise:
+            xq, xs = _quantize_tensor(x)
+            return scaled_mm_tensor(xq, xs, layer.weight, layer.weight_scale[0], bias, x.dtype)
         if self.static and self._input_scales:  # (dummy weights bring no input scale: dynamic then)
             xq, xs = quantize_tensor(x, layer.input_scale)
             xs = xs.expand(x.shape[0], 1).contiguous()
@@ -184,6 +203,22 @@ def _quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if ops is not None:
             return ops.quantize_fp8_rows(x)
     return quantize_rows(x)
+
+
+def _quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor dynamic quantization: two Triton kernels on CUDA, torch elsewhere."""
+    if x.is_cuda:
+        ops = fused_ops()
+        if ops is not None:
+            return ops.quantize_fp8_tensor(x)
+    return quantize_tensor(x)
+
+
+def finish_quantized(model: nn.Module) -> None:
+    """Call each FP8 layer's :meth:`Fp8Linear.finish` once its weights are all loaded."""
+    for module in model.modules():
+        if isinstance(module, Linear) and module.quant is not None:
+            module.quant.finish(module)
 
 
 def _quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,7 @@ def fused_ops() -> Optional[SimpleNamespace]:
     if os.environ.get(DISABLE_ENV, "0").lower() in ("1", "true", "on", "yes"):
         return None
     try:
-        from aioinfer.layers.triton_ops.fp8_quant import quantize_fp8_rows
+        from aioinfer.layers.triton_ops.fp8_quant import quantize_fp8_rows, quantize_fp8_tensor
         from aioinfer.layers.triton_ops.rms_norm import fused_add_rms_norm, rms_norm
         from aioinfer.layers.triton_ops.rotary import apply_rotary_inplace
         from aioinfer.layers.triton_ops.silu_and_mul import silu_and_mul
@@ -35,4 +35,5 @@ def fused_ops() -> Optional[SimpleNamespace]:
     return SimpleNamespace(
         rms_norm=rms_norm, fused_add_rms_norm=fused_add_rms_norm, apply_rotary_inplace=apply_rotary_inplace,
         silu_and_mul=silu_and_mul, small_batch_linear=small_batch_linear, quantize_fp8_rows=quantize_fp8_rows,
+        quantize_fp8_tensor=quantize_fp8_tensor,
     )

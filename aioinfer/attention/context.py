@@ -25,6 +25,11 @@ def forward_context(metadata: AttentionMetadata) -> Iterator[None]:
         _local.metadata = previous
 
 
+def current_attention_metadata() -> Optional[AttentionMetadata]:
+    """The step's metadata, or None outside a forward context (a layer called on its own)."""
+    return getattr(_local, "metadata", None)
+
+
 def get_attention_metadata() -> AttentionMetadata:
     metadata: Optional[AttentionMetadata] = getattr(_local, "metadata", None)
     if metadata is None:

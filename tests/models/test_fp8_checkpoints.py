@@ -134,6 +134,28 @@ def test_online_fp8_quantizes_each_weight_tensor_as_it_loads(tiny_root, arch):
     assert model.lm_head.weight.dtype == torch.float32
 
 
+def test_online_fp8_padding_rows_do_not_set_the_activation_scale(tiny_root):
+    """A CUDA-graph replay pads the step with rows whose KV slot is -1: the online layers' one
+    activation scale per tensor must come from the real rows alone, so the real rows' outputs are
+    those of the unpadded (eager) step, whatever the padding holds."""
+    from dataclasses import replace
+
+    src = make_tiny_model_dir(tiny_root, "qwen2")
+    model, _ = load_model(str(src), torch.float32, "cpu", quantization="fp8")
+    layer = model.model.layers[0].mlp.down_proj
+    x = torch.randn(3, layer.in_features)
+    padding = 100 * torch.randn(2, layer.in_features)  # stale rows, far larger than the real ones
+    meta = make_metadata([(0, 5, [0])], 16)
+    with forward_context(replace(meta, slot_mapping=torch.tensor([0, 1, 2, -1, -1]))), torch.no_grad():
+        padded = layer(torch.cat([x, padding]))[:3]
+    with forward_context(make_metadata([(0, 3, [0])], 16)), torch.no_grad():
+        alone = layer(x)
+    scale = alone.abs().max()
+    assert (padded - alone).abs().max() <= 1e-6 * scale  # (the GEMM's blocking may differ with the row count)
+    with torch.no_grad():  # outside a step every row counts: the padding would have coarsened the real rows
+        assert (layer(torch.cat([x, padding]))[:3] - alone).abs().max() > 1e-3 * scale
+
+
 def test_online_fp8_of_dummy_weights_and_of_the_checkpoint_formats(tiny_root, tmp_path):
     src = make_tiny_model_dir(tiny_root, "qwen2")
     cfg_only = tmp_path / "cfg_only"

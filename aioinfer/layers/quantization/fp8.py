@@ -40,10 +40,17 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return to_fp8(x, scale), scale
 
 
-def quantize_tensor(x: torch.Tensor, scale: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One scale for all of x (static activations take the checkpoint's ``scale``). Returns (x_fp8, scale [])."""
+def quantize_tensor(x: torch.Tensor, scale: Optional[torch.Tensor] = None,
+                    slots: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale for all of x (static activations take the checkpoint's ``scale``). Returns (x_fp8, scale []).
+
+    ``slots`` [rows of x] (a step's KV slot mapping): rows with a negative slot (CUDA-graph padding)
+    do not count towards the dynamic scale."""
     if scale is None:
-        scale = (x.abs().amax().to(torch.float32) / FP8_MAX).clamp_(min=_MIN_SCALE)
+        amax = x.abs().amax(dim=-1) if x.dim() > 1 else x.abs()
+        if slots is not None:
+            amax = amax.masked_fill(slots < 0, 0)
+        scale = (amax.amax().to(torch.float32) / FP8_MAX).clamp_(min=_MIN_SCALE)
     return to_fp8(x, scale), scale.to(torch.float32).reshape(())
 
 

@@ -18,6 +18,8 @@ the division is IEEE, so kernel and reference agree bit for bit.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -48,14 +50,18 @@ def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, K, stride_x, stride_q, BLOCK:
 
 
 @triton.jit
-def _partial_amax_kernel(x_ptr, part_ptr, M, K, stride_x, PARTS, BLOCK: tl.constexpr):
+def _partial_amax_kernel(x_ptr, slot_ptr, part_ptr, M, K, stride_x, PARTS, BLOCK: tl.constexpr,
+                         HAS_SLOTS: tl.constexpr):
     part = tl.program_id(0)
     amax = tl.zeros([BLOCK], dtype=tl.float32)
     for row in range(part, M, PARTS):
+        real = True
+        if HAS_SLOTS:  # a CUDA-graph padding row (slot -1) must not set the scale of the real ones
+            real = tl.load(slot_ptr + row) >= 0
         for k0 in range(0, K, BLOCK):
             cols = k0 + tl.arange(0, BLOCK)
-            x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols, mask=cols < K, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.abs(x))
+            x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols, mask=(cols < K) & real, other=0.0)
+            amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
     tl.store(part_ptr + part, tl.max(amax, 0))
 
 
@@ -81,11 +87,17 @@ def _quantize_tensor_kernel(x_ptr, part_ptr, q_ptr, scale_ptr, K, stride_x, stri
 PARTS = 256
 
 
-def quantize_fp8_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] (16- or 32-bit, last dim contiguous) -> (e4m3 [M, K], float32 scale [] for all of x)."""
+def quantize_fp8_tensor(x: torch.Tensor, slots: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (16- or 32-bit, last dim contiguous) -> (e4m3 [M, K], float32 scale [] for all of x).
+
+    ``slots`` [M] (the step's KV slot mapping): rows whose slot is negative (CUDA-graph padding) are
+    cast but left out of the scale, so that a padded replay quantizes the real rows as the eager
+    step does."""
     check_float(x, "x", x.dtype, x.device)
     if x.dim() != 2:
         raise ValueError(f"x must be [M, K], got {tuple(x.shape)}")
+    if slots is not None and (slots.shape != (x.shape[0],) or slots.device != x.device):
+        raise ValueError(f"slots must be [{x.shape[0]}] on {x.device}, got {tuple(slots.shape)} on {slots.device}")
     m, k = x.shape
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty((), dtype=torch.float32, device=x.device)
@@ -95,7 +107,8 @@ def quantize_fp8_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     partial = torch.empty(parts, dtype=torch.float32, device=x.device)
     block = min(4096, triton.next_power_of_2(k))
     warps = 8 if block >= 2048 else 4
-    _partial_amax_kernel[(parts,)](x, partial, m, k, x.stride(0), parts, BLOCK=block, num_warps=warps)
+    _partial_amax_kernel[(parts,)](x, slots if slots is not None else partial, partial, m, k, x.stride(0), parts,
+                                   BLOCK=block, HAS_SLOTS=slots is not None, num_warps=warps)
     _quantize_tensor_kernel[(m,)](x, partial, q, scale, k, x.stride(0), q.stride(0), parts, BLOCK=block,
                                   PARTS_PAD=triton.next_power_of_2(parts), num_warps=warps)
     return q, scale

@@ -68,13 +68,19 @@ def _small_batch_linear_kernel(
     tl.store(out_ptr + rows[:, None] * stride_o + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def default_config(m: int, n: int, k: int) -> tuple[int, int, int, bool]:
+def default_config(m: int, n: int, k: int, fp8: bool = False) -> tuple[int, int, int, bool]:
     """(BLOCK_N, BLOCK_K, num_warps, use tensor cores), from H200 sweeps over the 7b projections at
     tensor-parallel sizes 1 and 2 (benchmarks/probes/gemv_sweep.py). One row: CUDA cores, few rows per
     program, long chunks; (4, 2048, 4) was within ~1 us of the best config on every shape. 2-8
     rows: the broadcast product spills, tensor cores on 32-row tiles stream best (gate_up 64 us
-    against cuBLAS' 70 at tp 1, 33 against 37 at tp 2)."""
-    return (4, 2048, 4, False) if m == 1 else (32, 128, 4, True)
+    against cuBLAS' 70 at tp 1, 33 against 37 at tp 2).
+
+    FP8 weights at one row (H100 sweep, benchmarks/probes/fp8_gemm_parts.py): chunks of 4096 columns
+    (the bytes of a 16-bit 2048) where K <= 8192: qkv 8.2 -> 7.8 us, gate_up 53.3 -> 49.3, o 7.2 ->
+    6.6; the down projection (K = 18944) keeps 2048 (29.5 us, the best)."""
+    if m == 1:
+        return (4, 4096, 4, False) if fp8 and k <= 8192 else (4, 2048, 4, False)
+    return (32, 128, 4, True)
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
@@ -106,7 +112,7 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    block_n, block_k, num_warps, use_dot = (*(config or default_config(m, n, k)), False)[:4]
+    block_n, block_k, num_warps, use_dot = (*(config or default_config(m, n, k, weight_scale is not None)), False)[:4]
     m_pad = max(16, next_pow2(m)) if use_dot else next_pow2(m)
     _small_batch_linear_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else weight, weight_scale if weight_scale is not None else weight, out,

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import time
 from typing import Any, Mapping, Optional
 
 from aioinfer.config import EngineConfig
 from aioinfer.options import declared, parse_text
-from aioinfer.ray.options import RayServeOptions
+from aioinfer.ray.options import HIGH_THROUGHPUT_ENV, RayServeOptions
 from aioinfer.server_config import ServerConfig, engine_option_specs
 
 logger = logging.getLogger("aioinfer.server")
@@ -135,6 +136,9 @@ def run_with_ray(config: ServerConfig, options: RayServeOptions, host: str, port
     """``serve --ray``: start Ray (or join ``ray_address``), deploy, and serve on ``host:port`` until
     SIGINT or SIGTERM (also while deploying); then the application is taken down, letting open
     requests finish within ``shutdown_grace`` seconds. A second signal is ignored."""
+    if options.ray_high_throughput and options.ray_address is None:  # before Ray reads them (options.py)
+        for name in HIGH_THROUGHPUT_ENV:
+            os.environ.setdefault(name, "1")
     import ray
     from ray import serve
 

@@ -118,3 +118,42 @@ def test_replicas_that_do_not_fit_the_local_cluster_are_refused_with_the_reason(
     assert shared.unschedulable("cuda", 1, {"CPU": 16.0, "GPU": 1.0}) is None
     autoscaled = RayServeOptions(ray=True, min_replicas=3, max_replicas=8)  # the minimum must fit at start
     assert "need 3 GPUs" in autoscaled.unschedulable("cuda", 1, {"CPU": 16.0, "GPU": 2.0})
+
+
+@pytest.mark.parametrize("options, environ, expected", [
+    (RayServeOptions(ray=True, ray_high_throughput=True), {}, "1"),  # its own cluster
+    (RayServeOptions(ray=True, ray_high_throughput=True),
+     {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}, "0"),  # the user's word stands
+    (RayServeOptions(ray=True), {}, None),  # off by default
+    (RayServeOptions(ray=True, ray_high_throughput=True, ray_address="auto"), {}, None),  # a cluster's own
+])
+def test_serve_ray_high_throughput_starts_its_own_cluster_in_that_mode(monkeypatch, tmp_path, options, environ,
+                                                                     expected):
+    """The variables must be in the environment before Ray starts (every Ray process reads them at
+    its start): ``run_with_ray`` sets them ahead of ``ray.init``, unless the user set them."""
+    import os
+    import types
+
+    from aioinfer.entrypoints import ray_app
+    from aioinfer.ray.options import HIGH_THROUGHPUT_ENV
+    from aioinfer.server_config import ServerConfig
+
+    class Started(Exception):
+        pass
+
+    seen = {}
+
+    def init(**kwargs):
+        seen.update({name: os.environ.get(name) for name in HIGH_THROUGHPUT_ENV})
+        raise Started
+
+    fake = types.ModuleType("ray")
+    fake.init, fake.serve = init, types.ModuleType("ray.serve")
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setitem(sys.modules, "ray.serve", fake.serve)
+    monkeypatch.setattr(ray_app, "build_application", lambda config, options: None)
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k not in HIGH_THROUGHPUT_ENV}
+                        | environ)
+    with pytest.raises(Started):
+        ray_app.run_with_ray(ServerConfig(model=str(tmp_path)), options, "127.0.0.1", 0)
+    assert seen == dict.fromkeys(HIGH_THROUGHPUT_ENV, expected)

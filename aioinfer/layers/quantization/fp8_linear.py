@@ -21,9 +21,8 @@ Products on CUDA:
   the activations stay 16-bit, nothing to quantize); so do 2-8 rows of per-channel weights and of
   wide projections (out >= 4 x in);
 - online ("tensor") weights: the activations get one scale per tensor (two Triton kernels), then
-  ``torch._scaled_mm`` with tensor-wise scales, cuBLASLt's fastest FP8 GEMM (it splits K where the
-  row-wise-scaled kernel leaves most SMs idle on the 7b down projection: 27 against 47-68 us at 8-64
-  rows, docs/performance.md);
+  ``torch._scaled_mm`` with tensor-wise scales, cuBLASLt's fastest FP8 GEMM (the 7b down projection
+  in 27-37 us where the row-wise-scaled one takes 45-50 at 8-256 rows, docs/performance.md);
 - per-channel weights quantize the activations per token (or with the static scale) and run
   ``torch._scaled_mm`` with row-wise scales;
 - block-wise weights run ``torch.nn.functional.scaled_mm`` with 1 x 128 / 128 x 128 block scales.
